@@ -1,0 +1,59 @@
+"""Resolve the Iceberg catalog a write goes to, cached once per process.
+
+With no catalog option lakesink embeds one: pyiceberg's SQL catalog on SQLite at
+`<warehouse>/catalog.db` (the same table layout as Iceberg's JDBC catalog, so Java
+engines can open it too). Otherwise `catalog` names a catalog configured the usual
+pyiceberg way, and every `catalog.<key>` option is passed as a catalog property.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Optional
+
+import msgspec
+from pyiceberg.catalog import Catalog, load_catalog
+
+from lakesink_datasource.options import WriteOptions
+
+EMBEDDED_CATALOG_NAME = "lakesink"
+
+
+class CatalogConfig(msgspec.Struct, frozen=True):
+    """Picklable recipe for a catalog: name plus explicit properties."""
+
+    name: str
+    properties: dict[str, str]
+
+
+def catalog_config(options: WriteOptions) -> CatalogConfig:
+    if options.uses_embedded_catalog:
+        warehouse = options.warehouse
+        return CatalogConfig(
+            EMBEDDED_CATALOG_NAME,
+            {
+                "type": "sql",
+                "uri": f"sqlite:///{os.path.join(warehouse, 'catalog.db')}",
+                "warehouse": f"file://{warehouse}",
+            },
+        )
+    return CatalogConfig(options.catalog or "default", dict(options.catalog_properties))
+
+
+_cache: dict[tuple[str, tuple[tuple[str, str], ...]], Catalog] = {}
+_lock = threading.Lock()
+
+
+def load(config: CatalogConfig) -> Catalog:
+    """Return the process-wide catalog for this config (connections are reused)."""
+    key = (config.name, tuple(sorted(config.properties.items())))
+    with _lock:
+        catalog: Optional[Catalog] = _cache.get(key)
+        if catalog is None:
+            if config.name == EMBEDDED_CATALOG_NAME and config.properties.get("type") == "sql":
+                warehouse = config.properties["warehouse"].removeprefix("file://")
+                os.makedirs(warehouse, exist_ok=True)
+            catalog = load_catalog(config.name, **config.properties)
+            _cache[key] = catalog
+        return catalog

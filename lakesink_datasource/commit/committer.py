@@ -1,0 +1,165 @@
+"""Driver commit: apply every task result of one write (or micro-batch) as ONE snapshot.
+
+Runs in Spark's driver-side commit process, which shares nothing with the tasks except
+the commit messages. Exactly-once rests on three rules:
+1. the table is re-read before every attempt and a batch whose (query id, epoch) is
+   already in the main branch's history is skipped, so a replay is never applied twice;
+2. the catalog commit is a compare-and-swap on the main branch's snapshot id, so a
+   concurrent writer can never be overwritten: on a lost race the snapshot is rebuilt
+   on top of the new state and retried;
+3. abort only deletes files of a write that provably did not land.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table import Table
+from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate
+
+from lakesink_datasource import __version__
+from lakesink_datasource.catalog import loader
+from lakesink_datasource.commit import idempotency
+from lakesink_datasource.commit.data_files import data_file, deletion_vector_file
+from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
+from lakesink_datasource.faults import fault_point
+from lakesink_datasource.table.plan import WritePlan
+from lakesink_datasource.write.messages import TaskResult, TaskStats
+
+log = logging.getLogger("lakesink")
+
+MAX_ATTEMPTS = 20
+
+
+class CommitError(RuntimeError):
+    pass
+
+
+@dataclass
+class CommitOutcome:
+    snapshot_id: Optional[int]
+    skipped_reason: Optional[str]
+    attempts: int
+    stats: TaskStats
+
+
+def _sum_stats(results: list[TaskResult]) -> TaskStats:
+    fields = TaskStats.__struct_fields__
+    return TaskStats(**{f: sum(getattr(r.stats, f) for r in results) for f in fields})
+
+
+def _extra_summary(write_id: str, query_id: Optional[str], batch_id: Optional[int], stats: TaskStats) -> dict[str, str]:
+    extra = {
+        "engine-name": "spark",
+        "lakesink-version": __version__,
+        idempotency.WRITE_ID: write_id,
+        "lakesink.rows-in": str(stats.rows_in),
+        "lakesink.rows-deleted": str(stats.rows_deleted),
+    }
+    try:
+        import pyspark
+
+        extra["engine-version"] = pyspark.__version__
+    except ImportError:  # pragma: no cover - the commit always runs under Spark
+        pass
+    if query_id is not None and batch_id is not None:
+        extra[idempotency.QUERY_ID] = query_id
+        extra[idempotency.EPOCH_ID] = str(batch_id)
+    return extra
+
+
+def _commit_once(table: Table, snapshot_parent: Optional[int], snapshot) -> None:  # type: ignore[no-untyped-def]
+    table.catalog.commit_table(
+        table,
+        requirements=(AssertRefSnapshotId(ref="main", snapshot_id=snapshot_parent),),
+        updates=(
+            AddSnapshotUpdate(snapshot=snapshot),
+            SetSnapshotRefUpdate(ref_name="main", type="branch", snapshot_id=snapshot.snapshot_id),
+        ),
+    )
+
+
+def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: Optional[int]) -> CommitOutcome:
+    started = time.perf_counter()
+    query_id = next((r.query_id for r in results if r.query_id is not None), None)
+    write_ids = {r.write_id for r in results} or {plan.write_id}
+    planned_snapshot_id = next((r.planned_snapshot_id for r in results), plan.planned_snapshot_id)
+    stats = _sum_stats(results)
+    catalog = loader.load(plan.catalog)
+    table = catalog.load_table(plan.identifier)
+
+    if idempotency.is_epoch_committed(table.metadata, query_id, batch_id):
+        log.info("lakesink: batch %s of query %s is already in the table; skipped", batch_id, query_id)
+        return CommitOutcome(None, "already committed", 0, stats)
+    if any(r.skipped for r in results):
+        raise CommitError(
+            f"tasks of batch {batch_id} saw it committed in metadata {results[0].planned_metadata_location}, "
+            "but the table's current history does not contain it (was the table rolled back?)"
+        )
+
+    metadata = table.metadata
+    delta = RowDelta(
+        added_data_files=[data_file(m, metadata) for r in results for m in r.data_files],
+        added_delete_files=[deletion_vector_file(m, metadata) for r in results for m in r.deletion_vectors],
+        replace_all=plan.overwrite,
+    )
+    if delta.is_empty:
+        return CommitOutcome(None, "nothing to commit", 0, stats)
+
+    producer = SnapshotProducer(table.io, metadata, delta)
+    extra = _extra_summary(min(write_ids), query_id, batch_id, stats)
+    for attempt in range(MAX_ATTEMPTS):
+        fault_point("before_commit", batch_id)
+        current = table.metadata.current_snapshot()
+        snapshot = producer.produce(table.metadata, attempt, extra)
+        try:
+            _commit_once(table, current.snapshot_id if current else None, snapshot)
+        except CommitFailedException as exc:
+            log.info("lakesink: commit attempt %d lost a race (%s); retrying on the new table state", attempt + 1, exc)
+            table = catalog.load_table(plan.identifier)
+            if idempotency.is_epoch_committed(table.metadata, query_id, batch_id) or any(
+                idempotency.is_write_committed(table.metadata, w, planned_snapshot_id) for w in write_ids
+            ):
+                return CommitOutcome(None, "committed concurrently", attempt + 1, stats)
+            time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+            continue
+        fault_point("after_commit", batch_id)
+        log.info(
+            "lakesink: committed snapshot %d (%s) batch=%s rows_in=%d rows_written=%d rows_deleted=%d "
+            "data_files=%d dvs=%d bytes=%d attempts=%d partition_s=%.3f index_s=%.3f write_s=%.3f commit_s=%.3f",
+            snapshot.snapshot_id, snapshot.summary.operation.value if snapshot.summary else "?", batch_id,
+            stats.rows_in, stats.rows_written, stats.rows_deleted, len(delta.added_data_files),
+            len(delta.added_delete_files), stats.bytes_written, attempt + 1, stats.partition_seconds,
+            stats.index_seconds, stats.write_seconds, time.perf_counter() - started,
+        )
+        return CommitOutcome(snapshot.snapshot_id, None, attempt + 1, stats)
+    producer.cleanup()
+    raise CommitError(f"could not commit to {plan.identifier} after {MAX_ATTEMPTS} attempts (concurrent writers)")
+
+
+def abort_write(plan: WritePlan, results: list[TaskResult], batch_id: Optional[int]) -> list[str]:
+    """Delete the files a failed write produced, unless that write did land."""
+    if not results:
+        return []
+    query_id = next((r.query_id for r in results if r.query_id is not None), None)
+    catalog = loader.load(plan.catalog)
+    table = catalog.load_table(plan.identifier)
+    if idempotency.is_epoch_committed(table.metadata, query_id, batch_id) or any(
+        idempotency.is_write_committed(table.metadata, r.write_id, r.planned_snapshot_id) for r in results
+    ):
+        log.warning("lakesink: abort of batch %s ignored: it is already committed", batch_id)
+        return []
+    deleted = []
+    for r in results:
+        for path in [m.path for m in r.data_files] + sorted({m.puffin_path for m in r.deletion_vectors}):
+            try:
+                table.io.delete(path)
+                deleted.append(path)
+            except (FileNotFoundError, OSError):
+                pass
+    return deleted

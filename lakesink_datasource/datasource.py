@@ -1,0 +1,84 @@
+"""The Spark Python Data Source `lakesink`: the entry point Spark calls.
+
+Driver:   DataSource.writer()/streamWriter() -> table.setup.plan_write (resolve/create the
+          table, validate, pin its state) -> a picklable writer holding the WritePlan.
+Executor: writer.write(Arrow batches) -> write.task.write_task -> commit message.
+Driver:   writer.commit(messages[, batchId]) -> commit.committer.commit_write (one snapshot).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterator, List, Optional
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from lakesink_datasource.commit.committer import abort_write, commit_write
+from lakesink_datasource.options import parse_options
+from lakesink_datasource.table.plan import WritePlan
+from lakesink_datasource.table.setup import plan_write
+from lakesink_datasource.write.messages import decode_messages
+from lakesink_datasource.write.task import write_task
+
+log = logging.getLogger("lakesink")
+
+
+class LakeSinkDataSource(DataSource):
+    """`df.write.format("lakesink")`, `df.writeStream.format("lakesink")`, `USING lakesink`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "lakesink"
+
+    def schema(self) -> StructType:
+        # Asked for by CREATE TABLE ... USING lakesink without a column list: report the
+        # existing Iceberg table's columns.
+        from lakesink_datasource.schema.iceberg_to_spark import iceberg_to_spark
+        from lakesink_datasource.table.setup import resolve_table
+
+        options = parse_options(self.options)
+        table = resolve_table(options, StructType(), create=False)
+        if table is None:
+            raise ValueError(f"table {options.table!r} does not exist: give the columns in CREATE TABLE")
+        return iceberg_to_spark(table.schema())
+
+    def writer(self, schema: StructType, overwrite: bool) -> "LakeSinkBatchWriter":
+        return LakeSinkBatchWriter(plan_write(parse_options(self.options), schema, overwrite))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> "LakeSinkStreamWriter":
+        return LakeSinkStreamWriter(plan_write(parse_options(self.options), schema, overwrite))
+
+
+class LakeSinkBatchWriter(DataSourceArrowWriter):
+    def __init__(self, plan: WritePlan):
+        self.plan = plan
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return write_task(self.plan, iterator)
+
+    def commit(self, messages: List[Optional[WriterCommitMessage]]) -> None:
+        commit_write(self.plan, decode_messages(messages), batch_id=None)
+
+    def abort(self, messages: List[Optional[WriterCommitMessage]]) -> None:
+        abort_write(self.plan, decode_messages(messages), batch_id=None)
+
+
+class LakeSinkStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, plan: WritePlan):
+        self.plan = plan
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return write_task(self.plan, iterator)
+
+    def commit(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
+        commit_write(self.plan, decode_messages(messages), batch_id=batchId)
+
+    def abort(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
+        abort_write(self.plan, decode_messages(messages), batch_id=batchId)

@@ -1,0 +1,56 @@
+"""Fault-injection points, so tests can crash the job exactly where exactly-once matters.
+
+Off unless the environment variable LAKESINK_FAULTS names a JSON file. The file is read
+at each point (a point fires a handful of times per batch, so the cost is nil), which
+lets a test arm a fault after Spark's processes have started. Format:
+
+    [{"point": "after_commit", "batch": 2, "action": "kill"}]
+
+points: "task_files_written" (a task wrote its files, before returning its message),
+"before_commit" (driver commit, before the catalog commit), "after_commit" (the Iceberg
+commit landed, Spark has not recorded the batch yet). actions: "kill" SIGKILLs the whole
+process group (driver JVM, Python workers: a machine crash), "raise" raises
+InjectedFault, "run" runs `command` (argv list) and waits for it. A rule with
+"once": true is disarmed (file rewritten without it) when it fires.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from typing import Optional
+
+ENV = "LAKESINK_FAULTS"
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+def fault_point(point: str, batch_id: Optional[int] = None) -> None:
+    path = os.environ.get(ENV)
+    if not path or not os.path.exists(path):
+        return
+    with open(path) as f:
+        rules = json.load(f)
+    for i, rule in enumerate(rules):
+        if rule.get("point") != point:
+            continue
+        if "batch" in rule and rule["batch"] != batch_id:
+            continue
+        if rule.get("once"):
+            remaining = rules[:i] + rules[i + 1 :]
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(remaining, f)
+            os.replace(tmp, path)
+        action = rule.get("action")
+        if action == "kill":
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        elif action == "raise":
+            raise InjectedFault(f"injected fault at {point} (batch {batch_id})")
+        elif action == "run":
+            subprocess.run(rule["command"], check=True)
+        return

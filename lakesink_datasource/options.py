@@ -1,0 +1,133 @@
+"""Write options: parsed once on the driver into a typed, validated msgspec Struct.
+
+Spark hands options as a case-insensitive string map. Every name is snake_case and
+matched case-insensitively; an unknown name is an error (a typo must not silently
+fall back to a default), named in the message together with the valid names.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping, Optional
+
+import msgspec
+
+OPERATIONS = ("append", "upsert", "cdc", "dedupe")
+KEYED_OPERATIONS = ("upsert", "cdc", "dedupe")
+DEFAULT_TARGET_FILE_SIZE = 512 * 1024 * 1024  # Iceberg's write.target-file-size-bytes default
+DEFAULT_WAREHOUSE = "./lakesink-warehouse"
+
+
+class OptionError(ValueError):
+    """A write option is missing, unknown or malformed. Raised before anything is written."""
+
+
+class WriteOptions(msgspec.Struct, frozen=True, kw_only=True):
+    table: str
+    warehouse: str
+    catalog: Optional[str] = None
+    catalog_properties: dict[str, str] = {}
+    partition_by: Optional[str] = None
+    target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE
+    format_version: int = 3
+    operation: str = "append"
+    primary_key: Optional[tuple[str, ...]] = None
+    op_column: Optional[str] = None
+    delete_ops: tuple[str, ...] = ("d",)
+    sequence_column: Optional[str] = None
+    index_dir: Optional[str] = None
+
+    @property
+    def uses_embedded_catalog(self) -> bool:
+        return self.catalog is None and not self.catalog_properties
+
+
+_SIMPLE = {
+    "table",
+    "warehouse",
+    "catalog",
+    "partition_by",
+    "target_file_size_bytes",
+    "format_version",
+    "operation",
+    "primary_key",
+    "op_column",
+    "delete_ops",
+    "sequence_column",
+    "index_dir",
+}
+# Spark passes the save()/start() argument as `path`; it means the table name.
+_ALIASES = {"path": "table"}
+
+
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def _int_option(name: str, raw: str, allowed: Optional[tuple[int, ...]] = None, minimum: int = 1) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise OptionError(f"option '{name}' must be an integer, got {raw!r}") from None
+    if allowed is not None and value not in allowed:
+        raise OptionError(f"option '{name}' must be one of {', '.join(map(str, allowed))}, got {value}")
+    if value < minimum:
+        raise OptionError(f"option '{name}' must be >= {minimum}, got {value}")
+    return value
+
+
+def parse_options(raw: Mapping[str, str]) -> WriteOptions:
+    """Validate Spark's option map into WriteOptions; raise OptionError naming the option."""
+    values: dict[str, str] = {}
+    catalog_properties: dict[str, str] = {}
+    for key, value in raw.items():
+        name = key.lower()
+        if name.startswith("catalog."):
+            prop = key[len("catalog.") :]
+            if not prop:
+                raise OptionError("option 'catalog.' needs a property name, e.g. 'catalog.uri'")
+            catalog_properties[prop.lower()] = value
+            continue
+        name = _ALIASES.get(name, name)
+        if name not in _SIMPLE:
+            valid = ", ".join(sorted(_SIMPLE | {"catalog.<property>"}))
+            raise OptionError(f"unknown option '{key}' (valid options: {valid})")
+        if name in values and values[name] != value:
+            raise OptionError(f"option '{name}' given twice with different values ({values[name]!r}, {value!r})")
+        values[name] = value
+
+    table = values.get("table", "").strip()
+    if not table:
+        raise OptionError("option 'table' is required: the Iceberg table as 'namespace.table'")
+    if "." not in table or table.startswith(".") or table.endswith("."):
+        raise OptionError(f"option 'table' must be 'namespace.table', got {table!r}")
+
+    operation = values.get("operation", "append").strip().lower()
+    if operation not in OPERATIONS:
+        raise OptionError(f"option 'operation' must be one of {', '.join(OPERATIONS)}, got {operation!r}")
+
+    kwargs: dict[str, object] = {
+        "table": table,
+        # Made absolute here, on the driver: executors and the commit process may run
+        # with another working directory.
+        "warehouse": os.path.abspath(values.get("warehouse", DEFAULT_WAREHOUSE)),
+        "catalog": values.get("catalog"),
+        "catalog_properties": catalog_properties,
+        "partition_by": values.get("partition_by") or None,
+        "operation": operation,
+    }
+    if "target_file_size_bytes" in values:
+        kwargs["target_file_size_bytes"] = _int_option("target_file_size_bytes", values["target_file_size_bytes"])
+    if "format_version" in values:
+        kwargs["format_version"] = _int_option("format_version", values["format_version"], allowed=(2, 3))
+    if "primary_key" in values:
+        kwargs["primary_key"] = _csv(values["primary_key"]) or None
+    if "delete_ops" in values:
+        ops = _csv(values["delete_ops"])
+        if not ops:
+            raise OptionError("option 'delete_ops' must list at least one delete marker")
+        kwargs["delete_ops"] = ops
+    for name in ("op_column", "sequence_column", "index_dir"):
+        if values.get(name):
+            kwargs[name] = values[name].strip()
+    return WriteOptions(**kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,58 @@
+"""Align the Arrow batches Spark sends to the table's Arrow schema (executor side).
+
+The table schema decides names, order, types and Parquet field ids; Spark's batches
+only decide the values. Small (32-bit offset) string/binary/list types are used on
+purpose: they are what Spark sends, so no per-batch offset widening is needed.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pyarrow as pa
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.schema import Schema
+
+
+def _small(dt: pa.DataType) -> pa.DataType:
+    if pa.types.is_large_string(dt):
+        return pa.string()
+    if pa.types.is_large_binary(dt):
+        return pa.binary()
+    if pa.types.is_large_list(dt) or pa.types.is_list(dt):
+        return pa.list_(_small_field(dt.value_field))
+    if pa.types.is_map(dt):
+        return pa.map_(_small_field(dt.key_field), _small_field(dt.item_field))
+    if pa.types.is_struct(dt):
+        return pa.struct([_small_field(dt.field(i)) for i in range(dt.num_fields)])
+    return dt
+
+
+def _small_field(field: pa.Field) -> pa.Field:
+    return pa.field(field.name, _small(field.type), field.nullable, field.metadata)
+
+
+def table_arrow_schema(schema: Schema) -> pa.Schema:
+    """The Arrow schema data files are written with (field ids in field metadata)."""
+    return pa.schema([_small_field(f) for f in schema_to_pyarrow(schema, include_field_ids=True)])
+
+
+class BatchAligner:
+    """Turns one Spark Arrow batch into a Table of the table's Arrow schema."""
+
+    def __init__(self, target: pa.Schema, sources: list[Optional[str]]):
+        self._target = target
+        self._sources = sources
+
+    def align(self, batch: pa.RecordBatch) -> pa.Table:
+        n = batch.num_rows
+        columns = []
+        for field, source in zip(self._target, self._sources):
+            if source is None:
+                columns.append(pa.nulls(n, field.type))
+                continue
+            column = batch.column(source)
+            if not column.type.equals(field.type):
+                column = column.cast(field.type)
+            columns.append(column)
+        return pa.Table.from_arrays(columns, schema=self._target)

@@ -1,0 +1,165 @@
+"""Spark SQL types -> Iceberg types, and the compatibility check against an existing table.
+
+Runs on the driver before any task starts, so a DataFrame that cannot be stored fails
+with the column named and nothing written.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterator, Optional
+
+from pyiceberg.schema import Schema
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    MapType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestampType,
+    TimestamptzType,
+)
+from pyspark.sql import types as T
+
+
+class SchemaError(ValueError):
+    """The DataFrame's schema cannot be written to the table. Raised before writing."""
+
+
+class UnsupportedTypeError(SchemaError):
+    pass
+
+
+def _convert(path: str, dt: T.DataType, ids: Iterator[int]) -> IcebergType:
+    # Spark's TimestampType is an instant (Iceberg timestamptz), TimestampNTZType a
+    # local date-time (Iceberg timestamp): the same mapping Iceberg's Spark runtime uses.
+    simple: list[tuple[type, IcebergType]] = [
+        (T.BooleanType, BooleanType()),
+        (T.ByteType, IntegerType()),
+        (T.ShortType, IntegerType()),
+        (T.IntegerType, IntegerType()),
+        (T.LongType, LongType()),
+        (T.FloatType, FloatType()),
+        (T.DoubleType, DoubleType()),
+        (T.StringType, StringType()),
+        (T.CharType, StringType()),
+        (T.VarcharType, StringType()),
+        (T.BinaryType, BinaryType()),
+        (T.DateType, DateType()),
+        (T.TimestampNTZType, TimestampType()),
+        (T.TimestampType, TimestamptzType()),
+    ]
+    for spark_cls, iceberg_type in simple:
+        if type(dt) is spark_cls:
+            return iceberg_type
+    if isinstance(dt, T.DecimalType):
+        if dt.precision > 38:
+            raise UnsupportedTypeError(f"column '{path}': decimal precision {dt.precision} > 38 is not supported")
+        return DecimalType(dt.precision, dt.scale)
+    if isinstance(dt, T.ArrayType):
+        element_id = next(ids)
+        return ListType(element_id, _convert(f"{path}.element", dt.elementType, ids), element_required=not dt.containsNull)
+    if isinstance(dt, T.MapType):
+        key_id, value_id = next(ids), next(ids)
+        return MapType(
+            key_id,
+            _convert(f"{path}.key", dt.keyType, ids),
+            value_id,
+            _convert(f"{path}.value", dt.valueType, ids),
+            value_required=not dt.valueContainsNull,
+        )
+    if isinstance(dt, T.StructType):
+        return StructType(*_fields(path + ".", dt, ids))
+    raise UnsupportedTypeError(
+        f"column '{path}' has type {dt.simpleString()}, which lakesink cannot store in Iceberg "
+        "(supported: boolean, integral, float, double, decimal, string, binary, date, timestamp, "
+        "timestamp_ntz, array, map, struct)"
+    )
+
+
+def _fields(prefix: str, struct: T.StructType, ids: Iterator[int]) -> list[NestedField]:
+    out = []
+    for f in struct.fields:
+        field_id = next(ids)
+        out.append(NestedField(field_id, f.name, _convert(prefix + f.name, f.dataType, ids), required=not f.nullable))
+    return out
+
+
+def spark_to_iceberg_schema(struct: T.StructType, identifier_columns: tuple[str, ...] = ()) -> Schema:
+    """Convert a DataFrame schema; the catalog reassigns fresh ids on create anyway."""
+    ids = itertools.count(1)
+    fields = _fields("", struct, ids)
+    lowered = {c.lower() for c in identifier_columns}
+    # Identifier fields must be required; nulls in them are rejected at write time.
+    fields = [
+        NestedField(f.field_id, f.name, f.field_type, required=True, doc=f.doc) if f.name.lower() in lowered else f
+        for f in fields
+    ]
+    identifier_ids = [f.field_id for f in fields if f.name.lower() in lowered]
+    return Schema(*fields, identifier_field_ids=identifier_ids)
+
+
+def _compatible(source: IcebergType, target: IcebergType) -> bool:
+    if source == target:
+        return True
+    if isinstance(source, IntegerType) and isinstance(target, LongType):
+        return True
+    if isinstance(source, FloatType) and isinstance(target, DoubleType):
+        return True
+    if isinstance(source, DecimalType) and isinstance(target, DecimalType):
+        return source.scale == target.scale and source.precision <= target.precision
+    if isinstance(source, ListType) and isinstance(target, ListType):
+        return _compatible(source.element_type, target.element_type)
+    if isinstance(source, MapType) and isinstance(target, MapType):
+        return _compatible(source.key_type, target.key_type) and _compatible(source.value_type, target.value_type)
+    if isinstance(source, StructType) and isinstance(target, StructType):
+        # Nested structs are cast by position, so they must match name for name.
+        if [f.name for f in source.fields] != [f.name for f in target.fields]:
+            return False
+        return all(_compatible(s.field_type, t.field_type) for s, t in zip(source.fields, target.fields))
+    return False
+
+
+def column_mapping(struct: T.StructType, table_schema: Schema, ignore: tuple[str, ...] = ()) -> list[Optional[str]]:
+    """For each top-level table column, the DataFrame column that feeds it (None: write nulls).
+
+    Raises SchemaError naming the column when the DataFrame has a column the table lacks,
+    a type the table column cannot hold, or misses a required table column. Column names
+    match case-insensitively, as Spark resolves them.
+    """
+    ignored = {c.lower() for c in ignore}
+    by_name = {f.name.lower(): f for f in table_schema.fields}
+    source_by_table: dict[str, str] = {}
+    ids = itertools.count(1)
+    for spark_field in struct.fields:
+        if spark_field.name.lower() in ignored:
+            continue
+        target = by_name.get(spark_field.name.lower())
+        if target is None:
+            raise SchemaError(
+                f"column '{spark_field.name}' is not in the table (table columns: "
+                f"{', '.join(f.name for f in table_schema.fields)}); lakesink does not evolve the schema"
+            )
+        source_type = _convert(spark_field.name, spark_field.dataType, ids)
+        if not _compatible(source_type, target.field_type):
+            raise SchemaError(
+                f"column '{spark_field.name}' has type {spark_field.dataType.simpleString()} ({source_type}), "
+                f"which cannot be written to table column '{target.name}' of type {target.field_type}"
+            )
+        source_by_table[target.name] = spark_field.name
+    mapping: list[Optional[str]] = []
+    for f in table_schema.fields:
+        source = source_by_table.get(f.name)
+        if source is None and f.required:
+            raise SchemaError(f"required table column '{f.name}' is missing from the DataFrame")
+        mapping.append(source)
+    return mapping

@@ -1,0 +1,115 @@
+"""Parse the `partition_by` option into an Iceberg partition spec.
+
+Syntax follows Spark SQL's PARTITIONED BY transforms:
+`days(ts), bucket(16, id), truncate(4, name), category`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.transforms import (
+    BucketTransform,
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    Transform,
+    TruncateTransform,
+    VoidTransform,
+    YearTransform,
+)
+
+from lakesink_datasource.options import OptionError
+
+_FIRST_PARTITION_FIELD_ID = 1000
+_CALL = re.compile(r"^\s*([A-Za-z_]+)\s*\(\s*(.*?)\s*\)\s*$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+
+_TIME = {
+    "years": (YearTransform, "year"),
+    "year": (YearTransform, "year"),
+    "months": (MonthTransform, "month"),
+    "month": (MonthTransform, "month"),
+    "days": (DayTransform, "day"),
+    "day": (DayTransform, "day"),
+    "date": (DayTransform, "day"),
+    "hours": (HourTransform, "hour"),
+    "hour": (HourTransform, "hour"),
+    "date_hour": (HourTransform, "hour"),
+}
+
+
+def _split_terms(text: str) -> list[str]:
+    terms, depth, current = [], 0, []
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            terms.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    terms.append("".join(current))
+    if depth != 0:
+        raise OptionError(f"option 'partition_by' has unbalanced parentheses: {text!r}")
+    return [t.strip() for t in terms]
+
+
+def _term(term: str) -> tuple[Transform, str, str]:
+    """(transform, source column, partition field name suffix) for one term."""
+    call = _CALL.match(term)
+    if call is None:
+        if not _NAME.match(term):
+            raise OptionError(f"option 'partition_by': cannot parse {term!r}")
+        return IdentityTransform(), term, ""
+    func, args = call.group(1).lower(), [a.strip() for a in call.group(2).split(",")]
+    if func in _TIME and len(args) == 1:
+        cls, suffix = _TIME[func]
+        return cls(), args[0], f"_{suffix}"
+    if func in ("bucket", "truncate") and len(args) == 2:
+        try:
+            width = int(args[0])
+        except ValueError:
+            raise OptionError(f"option 'partition_by': {func} needs an integer first argument in {term!r}") from None
+        if width <= 0:
+            raise OptionError(f"option 'partition_by': {func} width must be positive in {term!r}")
+        if func == "bucket":
+            return BucketTransform(width), args[1], "_bucket"
+        return TruncateTransform(width), args[1], "_trunc"
+    if func == "identity" and len(args) == 1:
+        return IdentityTransform(), args[0], ""
+    if func == "void" and len(args) == 1:
+        return VoidTransform(), args[0], "_null"
+    raise OptionError(
+        f"option 'partition_by': unknown transform {term!r} (use identity, bucket(N, col), truncate(W, col), "
+        "years/months/days/hours(col), void(col))"
+    )
+
+
+def parse_partition_spec(text: str | None, schema: Schema) -> PartitionSpec:
+    """Build a spec against `schema`; OptionError names the option and the bad term."""
+    if text is None or not text.strip():
+        return PartitionSpec()
+    fields = []
+    names: set[str] = set()
+    for offset, term in enumerate(_split_terms(text)):
+        if not term:
+            raise OptionError(f"option 'partition_by' has an empty term: {text!r}")
+        transform, column, suffix = _term(term)
+        try:
+            source = schema.find_field(column, case_sensitive=False)
+        except ValueError:
+            raise OptionError(f"option 'partition_by': column '{column}' is not in the schema") from None
+        if not transform.can_transform(source.field_type):
+            raise OptionError(f"option 'partition_by': {term!r} cannot be applied to column '{column}' of type {source.field_type}")
+        name = source.name + suffix if "." not in column else column.replace(".", "_") + suffix
+        if name in names:
+            raise OptionError(f"option 'partition_by': partition field {name!r} appears twice")
+        names.add(name)
+        fields.append(PartitionField(source.field_id, _FIRST_PARTITION_FIELD_ID + offset, transform, name))
+    return PartitionSpec(*fields)

@@ -1,0 +1,98 @@
+"""Commit messages: what a task hands the driver's commit, encoded with msgspec.
+
+Spark pickles whatever `write()` returns and ships it to a *different* Python process on
+the driver, so everything the commit needs travels here. The payload is msgpack bytes
+(compact, schema-checked on decode) wrapped in a tiny WriterCommitMessage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import msgspec
+from pyspark.sql.datasource import WriterCommitMessage
+
+# A partition value travels in Iceberg's single-value binary serialization (the same
+# bytes as manifest bounds; None for null), so every partition type round-trips
+# exactly; the commit decodes it with the spec's partition type.
+PartitionValue = Optional[bytes]
+
+
+class DataFileMessage(msgspec.Struct, array_like=True, frozen=True):
+    """A Parquet data file a task wrote, with the metrics engines prune with."""
+
+    path: str
+    spec_id: int
+    partition: tuple[PartitionValue, ...]
+    record_count: int
+    file_size_in_bytes: int
+    column_sizes: dict[int, int]
+    value_counts: dict[int, int]
+    null_value_counts: dict[int, int]
+    nan_value_counts: dict[int, int]
+    lower_bounds: dict[int, bytes]
+    upper_bounds: dict[int, bytes]
+    split_offsets: list[int]
+
+
+class DeletionVectorMessage(msgspec.Struct, array_like=True, frozen=True):
+    """A deletion vector blob a task wrote into a Puffin file (keyed writes)."""
+
+    puffin_path: str
+    puffin_size_in_bytes: int
+    referenced_data_file: str
+    spec_id: int
+    partition: tuple[PartitionValue, ...]
+    cardinality: int
+    content_offset: int
+    content_size_in_bytes: int
+
+
+class TaskStats(msgspec.Struct, array_like=True, frozen=True):
+    """Per-task figures, summed by the commit into one log line per batch."""
+
+    rows_in: int = 0
+    rows_written: int = 0
+    rows_deleted: int = 0
+    bytes_written: int = 0
+    partition_seconds: float = 0.0
+    index_seconds: float = 0.0
+    write_seconds: float = 0.0
+
+
+class TaskResult(msgspec.Struct, frozen=True):
+    """Everything one task attempt contributes to a batch."""
+
+    write_id: str  # the plan's id: the commit process has its own plan, tasks carry theirs
+    query_id: Optional[str]
+    batch_id: Optional[int]
+    partition_id: int
+    attempt: int
+    planned_metadata_location: Optional[str]
+    planned_snapshot_id: Optional[int]
+    skipped: bool = False  # the batch was already committed: the task wrote nothing
+    data_files: list[DataFileMessage] = []
+    deletion_vectors: list[DeletionVectorMessage] = []
+    stats: TaskStats = TaskStats()
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(TaskResult)
+
+
+@dataclass
+class LakeSinkCommitMessage(WriterCommitMessage):
+    payload: bytes
+
+    @classmethod
+    def of(cls, result: TaskResult) -> "LakeSinkCommitMessage":
+        return cls(_encoder.encode(result))
+
+    def result(self) -> TaskResult:
+        return _decoder.decode(self.payload)
+
+
+def decode_messages(messages: list[Optional[WriterCommitMessage]]) -> list[TaskResult]:
+    """Decode the messages Spark hands to commit/abort (failed tasks arrive as None)."""
+    return [m.result() for m in messages if isinstance(m, LakeSinkCommitMessage)]

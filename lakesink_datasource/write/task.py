@@ -1,0 +1,119 @@
+"""Executor side: one Spark task's Arrow batches -> Parquet data files -> a commit message.
+
+Reads top to bottom as the data path: load the planned table state (cached per
+process), skip the batch if the table already holds it, align each Arrow batch to the
+table schema, fan rows out by partition, roll files, and report what was written.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Iterator, Optional
+
+import pyarrow as pa
+
+from lakesink_datasource.commit import idempotency
+from lakesink_datasource.faults import fault_point
+from lakesink_datasource.io.partitioning import PartitionKey, PartitionSplitter, partition_path
+from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
+from lakesink_datasource.schema.arrow_align import BatchAligner, table_arrow_schema
+from lakesink_datasource.table import metadata_cache
+from lakesink_datasource.table.plan import WritePlan
+from lakesink_datasource.write.messages import LakeSinkCommitMessage, TaskResult, TaskStats
+
+
+class TaskIdentity:
+    """Which task attempt of which batch of which query this is (Spark local properties)."""
+
+    def __init__(self) -> None:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        self.partition_id = ctx.partitionId() if ctx else 0
+        self.attempt = ctx.attemptNumber() if ctx else 0
+        batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
+        self.batch_id: Optional[int] = int(batch) if batch is not None else None
+        self.query_id: Optional[str] = ctx.getLocalProperty("sql.streaming.queryId") if ctx else None
+
+
+def _file_namer(plan: WritePlan, data_dir: str, spec, schema, who: TaskIdentity):  # type: ignore[no-untyped-def]
+    # Unique per task attempt: a retried or replayed task never overwrites a file that
+    # a committed snapshot may reference.
+    prefix = f"{who.batch_id if who.batch_id is not None else 0:05d}-{who.partition_id:05d}-{who.attempt}-{uuid.uuid4().hex[:12]}"
+
+    def path_for(key: PartitionKey, n: int) -> str:
+        part = partition_path(spec, schema, key)
+        folder = f"{data_dir}/{part}" if part else data_dir
+        return f"{folder}/{prefix}-{n:05d}.parquet"
+
+    return path_for
+
+
+def write_task(plan: WritePlan, batches: Iterator[pa.RecordBatch]) -> LakeSinkCommitMessage:
+    who = TaskIdentity()
+    metadata = metadata_cache.load(plan.metadata_location, plan.io_properties)
+
+    def result(**kwargs) -> LakeSinkCommitMessage:  # type: ignore[no-untyped-def]
+        return LakeSinkCommitMessage.of(
+            TaskResult(
+                write_id=plan.write_id,
+                query_id=who.query_id,
+                batch_id=who.batch_id,
+                partition_id=who.partition_id,
+                attempt=who.attempt,
+                planned_metadata_location=plan.metadata_location,
+                planned_snapshot_id=plan.planned_snapshot_id,
+                **kwargs,
+            )
+        )
+
+    if idempotency.is_epoch_committed(metadata, who.query_id, who.batch_id):
+        # A replay of a batch whose commit reached the table: write nothing.
+        for _ in batches:
+            pass
+        return result(skipped=True)
+
+    schema = metadata.schema()
+    spec = metadata.spec()
+    arrow_schema = table_arrow_schema(schema)
+    aligner = BatchAligner(arrow_schema, plan.column_sources)
+    splitter = PartitionSplitter(spec, schema)
+    io = metadata_cache.file_io(plan.io_properties, plan.metadata_location)
+    data_dir = metadata.properties.get("write.data.path", f"{metadata.location.rstrip('/')}/data")
+    writer = PartitionedParquetWriter(
+        io=io,
+        iceberg_schema=schema,
+        arrow_schema=arrow_schema,
+        spec_id=spec.spec_id,
+        table_properties=metadata.properties,
+        path_for=_file_namer(plan, data_dir, spec, schema, who),
+        target_file_size=plan.options.target_file_size_bytes,
+    )
+    rows_in = 0
+    partition_seconds = write_seconds = 0.0
+    try:
+        for batch in batches:
+            rows_in += batch.num_rows
+            t0 = time.perf_counter()
+            groups = splitter.split(aligner.align(batch))
+            t1 = time.perf_counter()
+            for key, rows in groups:
+                writer.write(key, rows)
+            partition_seconds += t1 - t0
+            write_seconds += time.perf_counter() - t1
+        t1 = time.perf_counter()
+        files = writer.close()
+        write_seconds += time.perf_counter() - t1
+        fault_point("task_files_written", who.batch_id)
+    except BaseException:
+        writer.abort()
+        raise
+    stats = TaskStats(
+        rows_in=rows_in,
+        rows_written=sum(f.record_count for f in files),
+        bytes_written=sum(f.file_size_in_bytes for f in files),
+        partition_seconds=partition_seconds,
+        write_seconds=write_seconds,
+    )
+    return result(data_files=files, stats=stats)
