@@ -58,6 +58,8 @@ _SIMPLE = {
 }
 # Spark passes the save()/start() argument as `path`; it means the table name.
 _ALIASES = {"path": "table"}
+# Options Spark itself consumes and still forwards to the data source.
+_SPARK_OWNED = {"checkpointlocation", "queryname"}
 
 
 def _csv(value: str) -> tuple[str, ...]:
@@ -87,6 +89,8 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
             if not prop:
                 raise OptionError("option 'catalog.' needs a property name, e.g. 'catalog.uri'")
             catalog_properties[prop.lower()] = value
+            continue
+        if name in _SPARK_OWNED:
             continue
         name = _ALIASES.get(name, name)
         if name not in _SIMPLE:

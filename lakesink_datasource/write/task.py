@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import pyarrow as pa
@@ -23,18 +24,30 @@ from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.write.messages import LakeSinkCommitMessage, TaskResult, TaskStats
 
 
+@dataclass(frozen=True)
 class TaskIdentity:
-    """Which task attempt of which batch of which query this is (Spark local properties)."""
+    """Which task attempt of which batch of which query this is."""
 
-    def __init__(self) -> None:
+    partition_id: int = 0
+    attempt: int = 0
+    batch_id: Optional[int] = None
+    query_id: Optional[str] = None
+
+    @classmethod
+    def from_spark(cls) -> "TaskIdentity":
+        # Spark sets these local properties on every task of a streaming micro-batch.
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        self.partition_id = ctx.partitionId() if ctx else 0
-        self.attempt = ctx.attemptNumber() if ctx else 0
-        batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
-        self.batch_id: Optional[int] = int(batch) if batch is not None else None
-        self.query_id: Optional[str] = ctx.getLocalProperty("sql.streaming.queryId") if ctx else None
+        if ctx is None:
+            return cls()
+        batch = ctx.getLocalProperty("streaming.sql.batchId")
+        return cls(
+            partition_id=ctx.partitionId(),
+            attempt=ctx.attemptNumber(),
+            batch_id=int(batch) if batch is not None else None,
+            query_id=ctx.getLocalProperty("sql.streaming.queryId"),
+        )
 
 
 def _file_namer(plan: WritePlan, data_dir: str, spec, schema, who: TaskIdentity):  # type: ignore[no-untyped-def]
@@ -50,8 +63,10 @@ def _file_namer(plan: WritePlan, data_dir: str, spec, schema, who: TaskIdentity)
     return path_for
 
 
-def write_task(plan: WritePlan, batches: Iterator[pa.RecordBatch]) -> LakeSinkCommitMessage:
-    who = TaskIdentity()
+def write_task(
+    plan: WritePlan, batches: Iterator[pa.RecordBatch], who: Optional[TaskIdentity] = None
+) -> LakeSinkCommitMessage:
+    who = who or TaskIdentity.from_spark()
     metadata = metadata_cache.load(plan.metadata_location, plan.io_properties)
 
     def result(**kwargs) -> LakeSinkCommitMessage:  # type: ignore[no-untyped-def]

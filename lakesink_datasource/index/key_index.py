@@ -1,0 +1,503 @@
+"""LMDB-backed primary-key index: encoded key -> where the live row sits.
+
+One LMDB environment per table directory (the caller picks `index_dir/<table-uuid>`).
+LMDB allows one open handle per environment per process, and Spark reuses worker
+processes, so `open_index` caches the `KeyIndex` per absolute path; several processes on
+one host share the files through LMDB's own multi-process locking (one writer at a time,
+readers never block).
+
+Sub-databases of the environment:
+
+* ``keys``  encoded key -> packed `Location`
+* ``files`` ``b"o" + u32be ordinal`` -> data file path, ``b"p" + path`` -> u32 ordinal
+* ``undo``  ``b"t" + token`` -> token record, ``b"c" + u64be seq`` -> packed undo chunk
+* ``meta``  counters and the `IndexState` marker
+
+Undo model. Every `apply` writes, in the same transaction as the change, one undo record
+per key it actually changes: ``(key, previous value or absent, new value or absent)``,
+packed into chunks numbered by a global sequence. Rolling back replays the chunks of the
+chosen tokens newest first, so when one token touched a key twice the older record is
+replayed last and the key ends at its value from before the token (the "first previous
+value wins" rule falls out of the replay order, without reading old chunks on every
+apply). A record is only replayed while the key still holds the value that record wrote:
+if a surviving token (e.g. a retried task attempt that was committed) overwrote the key
+afterwards, rolling back the failed one must not clobber the survivor.
+
+Keys longer than LMDB's key limit (511 bytes by default) are stored as a prefix plus a
+256-bit BLAKE2b digest of the full key; the result always has exactly the limit's length,
+which no short key has, so the mapping stays injective up to digest collisions. Such keys
+lose bytewise ordering among themselves inside LMDB, which only costs lookup locality.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import os
+import shutil
+import struct
+import threading
+from itertools import compress
+from typing import Callable, Iterable, Sequence, TypeVar
+
+import lmdb
+import msgspec
+import numpy as np
+
+__all__ = [
+    "IndexState",
+    "KeyIndex",
+    "Location",
+    "drop_index",
+    "open_index",
+]
+
+T = TypeVar("T")
+
+
+class Location(msgspec.Struct, array_like=True, frozen=True):
+    """Where a key's live row is: a data file (by compact ordinal) and a row position.
+
+    `sequence` is an order-preserving encoded sequence value (compared bytewise) when the
+    table resolves conflicting upserts by a sequence column, else None.
+    """
+
+    file_ordinal: int
+    position: int
+    sequence: bytes | None = None
+
+
+class IndexState(msgspec.Struct, frozen=True):
+    """Which table snapshot / streaming batch the index reflects (for catch-up on open)."""
+
+    table_uuid: str
+    snapshot_id: int | None = None
+    query_id: str | None = None
+    batch_id: int | None = None
+
+
+# ------------------------------------------------------------------------------ packing
+
+# u32 file ordinal + u64 row position; a sequence follows after a 0x01 marker so that an
+# empty sequence (b"") stays distinct from no sequence (None).
+_LOCATION = struct.Struct("<IQ")
+_SEQUENCE_MARKER = b"\x01"
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_U32BE = struct.Struct(">I")
+_U64 = struct.Struct("<Q")
+_U64BE = struct.Struct(">Q")
+_ABSENT = 0xFFFF  # undo length sentinel: the key had / gets no value
+
+# Records per undo chunk: ~300 KiB for typical keys, a few MiB at worst (511-byte keys),
+# so no single LMDB value needs a huge run of contiguous overflow pages.
+_UNDO_CHUNK_RECORDS = 8192
+
+_DB_KEYS, _DB_FILES, _DB_UNDO, _DB_META = b"keys", b"files", b"undo", b"meta"
+_META_NEXT_ORDINAL = b"next_ordinal"
+_META_NEXT_UNDO_SEQ = b"next_undo_seq"
+_META_STATE = b"state"
+
+_STATE_ENCODER = msgspec.msgpack.Encoder()
+_STATE_DECODER = msgspec.msgpack.Decoder(IndexState)
+
+
+def pack_location(loc: Location) -> bytes:
+    head = _LOCATION.pack(loc.file_ordinal, loc.position)
+    if loc.sequence is not None and len(loc.sequence) >= _ABSENT - len(head) - 1:
+        # Undo records store value lengths as u16 with 0xFFFF meaning "absent".
+        raise ValueError(f"sequence value of {len(loc.sequence)} bytes is too long for the index")
+    return head if loc.sequence is None else head + _SEQUENCE_MARKER + loc.sequence
+
+
+def unpack_location(raw: bytes) -> Location:
+    if len(raw) == _LOCATION.size:  # the common no-sequence case, kept cheap
+        return Location(*_LOCATION.unpack(raw))
+    ordinal, position = _LOCATION.unpack_from(raw)
+    sequence = raw[_LOCATION.size + 1 :] if len(raw) > _LOCATION.size else None
+    return Location(ordinal, position, sequence)
+
+
+def _value_lengths(values: Sequence[bytes | None]) -> list[int]:
+    return [_ABSENT if v is None else len(v) for v in values]
+
+
+def _pack_undo_chunk(keys: Sequence[bytes], prevs: Sequence[bytes | None], news: Sequence[bytes | None]) -> bytes:
+    """Columnar undo chunk: u32 count, three u16 length arrays, then the three byte runs.
+
+    Columnar packing lets numpy and bytes.join do the work instead of one struct call per
+    record; 0xFFFF as a length means absent (None).
+    """
+    lengths = np.array([list(map(len, keys)), _value_lengths(prevs), _value_lengths(news)], dtype="<u2")
+    return b"".join(
+        [
+            _U32.pack(len(keys)),
+            lengths.tobytes(),
+            b"".join(keys),
+            b"".join(filter(None, prevs)),  # absent values (and empty ones) add no bytes
+            b"".join(filter(None, news)),
+        ]
+    )
+
+
+def _unpack_undo_chunk(chunk: bytes) -> list[tuple[bytes, bytes | None, bytes | None]]:
+    (count,) = _U32.unpack_from(chunk)
+    lengths = np.frombuffer(chunk, dtype="<u2", count=3 * count, offset=_U32.size).astype(np.int64)
+    present = lengths != _ABSENT
+    sizes = np.where(present, lengths, 0)
+    ends = _U32.size + 6 * count + np.cumsum(sizes)
+    starts = ends - sizes
+    values = [
+        chunk[start:end] if here else None
+        for start, end, here in zip(starts.tolist(), ends.tolist(), present.tolist())
+    ]
+    return list(zip(values[:count], values[count : 2 * count], values[2 * count :]))
+
+
+def _pack_token_record(token: bytes, first_seq: int, chunk_seqs: Sequence[int]) -> bytes:
+    # The token text lives in the value so it survives key hashing of very long tokens.
+    return b"".join(
+        [_U16.pack(len(token)), token, _U64.pack(first_seq), *(_U64.pack(s) for s in chunk_seqs)]
+    )
+
+
+def _unpack_token_record(raw: bytes) -> tuple[str, int, list[int]]:
+    (tlen,) = _U16.unpack_from(raw)
+    token = raw[2 : 2 + tlen].decode()
+    pos = 2 + tlen
+    count = (len(raw) - pos) // _U64.size
+    numbers = list(struct.unpack_from(f"<{count}Q", raw, pos))
+    return token, numbers[0], numbers[1:]
+
+
+# ----------------------------------------------------------------------------- the index
+
+
+class KeyIndex:
+    """Primary-key index in one LMDB environment. Use `open_index` to get the cached one."""
+
+    def __init__(self, path: str, map_size: int = 1 << 30):
+        self.path = os.path.abspath(path)
+        self._pid = os.getpid()
+        self._lock = threading.RLock()  # set_mapsize needs no live txn in this process
+        self._env = lmdb.open(
+            self.path,
+            map_size=map_size,
+            subdir=True,
+            lock=True,
+            max_dbs=8,
+            max_readers=1024,  # many Spark worker processes and threads per host
+            readahead=False,  # random point lookups: OS readahead only pollutes the cache
+        )
+        # Free reader slots left behind by worker processes that died mid-transaction.
+        self._env.reader_check()
+        self._max_key = self._env.max_key_size()
+        self._keys, self._files, self._undo, self._meta = self._write(self._open_dbs)
+        self.closed = False
+
+    def _open_dbs(self, txn: lmdb.Transaction) -> tuple:
+        return tuple(
+            self._env.open_db(name, txn=txn, create=True)
+            for name in (_DB_KEYS, _DB_FILES, _DB_UNDO, _DB_META)
+        )
+
+    # -- transactions with map growth ------------------------------------------------------
+
+    def _write(self, body: Callable[[lmdb.Transaction], T]) -> T:
+        """Run `body` in one write txn, growing the map and retrying when it is full."""
+        with self._lock:
+            while True:
+                try:
+                    with self._env.begin(write=True) as txn:
+                        return body(txn)
+                except lmdb.MapFullError:
+                    # The txn was aborted, so `body` re-runs from scratch on a bigger map.
+                    self._env.set_mapsize(self._env.info()["map_size"] * 2)
+                except lmdb.MapResizedError:
+                    self._env.set_mapsize(0)  # another process grew it: adopt its size
+
+    def _read(self, body: Callable[[lmdb.Transaction], T]) -> T:
+        with self._lock:
+            while True:
+                try:
+                    with self._env.begin(write=False) as txn:
+                        return body(txn)
+                except lmdb.MapResizedError:
+                    self._env.set_mapsize(0)
+
+    # -- key fitting -----------------------------------------------------------------------
+
+    def _fit(self, key: bytes) -> bytes:
+        if not key:
+            raise ValueError("index keys must not be empty")
+        if len(key) < self._max_key:
+            return key
+        digest = hashlib.blake2b(key, digest_size=32).digest()
+        return key[: self._max_key - len(digest)] + digest
+
+    def _fit_all(self, keys: Sequence[bytes]) -> list[bytes]:
+        # Fast path: the common case has no long key and needs no per-key Python call.
+        if keys and 0 < min(map(len, keys)) and max(map(len, keys)) < self._max_key:
+            return list(keys)
+        return [self._fit(k) for k in keys]
+
+    # -- file ordinals ---------------------------------------------------------------------
+
+    def file_ordinal(self, path: str) -> int:
+        return self.file_ordinals([path])[0]
+
+    def file_ordinals(self, paths: Iterable[str]) -> list[int]:
+        """Compact ordinals for data file paths, assigning new ones atomically."""
+        paths = list(paths)
+        path_keys = [self._fit(b"p" + p.encode()) for p in paths]
+        found = self._read(lambda txn: [txn.get(k, db=self._files) for k in path_keys])
+        if all(v is not None for v in found):
+            return [_U32BE.unpack(v)[0] for v in found]
+        return self._write(lambda txn: self._assign_ordinals(txn, paths, path_keys))
+
+    def _assign_ordinals(self, txn: lmdb.Transaction, paths: list[str], path_keys: list[bytes]) -> list[int]:
+        # Re-read inside the write txn: another process may have assigned them meanwhile.
+        raw_next = txn.get(_META_NEXT_ORDINAL, db=self._meta)
+        next_ordinal = _U32BE.unpack(raw_next)[0] if raw_next else 0
+        result = []
+        for path, key in zip(paths, path_keys):
+            raw = txn.get(key, db=self._files)
+            if raw is None:
+                raw = _U32BE.pack(next_ordinal)
+                txn.put(key, raw, db=self._files)
+                txn.put(b"o" + raw, path.encode(), db=self._files)
+                next_ordinal += 1
+            result.append(_U32BE.unpack(raw)[0])
+        txn.put(_META_NEXT_ORDINAL, _U32BE.pack(next_ordinal), db=self._meta)
+        return result
+
+    def file_path(self, ordinal: int) -> str:
+        raw = self._read(lambda txn: txn.get(b"o" + _U32BE.pack(ordinal), db=self._files))
+        if raw is None:
+            raise KeyError(f"no data file with ordinal {ordinal} in index {self.path}")
+        return raw.decode()
+
+    # -- keys ------------------------------------------------------------------------------
+
+    def lookup(self, keys: Sequence[bytes]) -> list[Location | None]:
+        """Locations of `keys` (None when absent), in input order, from one read txn."""
+        if not keys:
+            return []
+        fitted = self._fit_all(keys)
+        # Probing in key order walks neighbouring B-tree pages, which stay hot. A plain
+        # txn.get loop measured faster than Cursor.getmulti here: getmulti builds a
+        # (key, value) tuple with a copied key per hit that we would only throw away.
+        order = sorted(range(len(fitted)), key=fitted.__getitem__)
+
+        def probe(txn: lmdb.Transaction) -> list[bytes | None]:
+            get, db = txn.get, self._keys
+            return [get(fitted[i], None, db) for i in order]
+
+        result: list[Location | None] = [None] * len(fitted)
+        for i, raw in zip(order, self._read(probe)):
+            if raw is not None:
+                result[i] = unpack_location(raw)
+        return result
+
+    def apply(self, token: str, puts: Sequence[tuple[bytes, Location]], deletes: Sequence[bytes]) -> None:
+        """Write `puts` then `deletes` (a key in both ends absent) with undo under `token`.
+
+        Within `puts` the last entry for a key wins.
+        """
+        final: dict[bytes, bytes | None] = dict(
+            zip(self._fit_all([k for k, _ in puts]), [pack_location(loc) for _, loc in puts])
+        )
+        final.update(dict.fromkeys(self._fit_all(deletes)))
+        token_raw = token.encode()
+        self._write(lambda txn: self._apply_txn(txn, token_raw, final))
+
+    def _apply_txn(self, txn: lmdb.Transaction, token: bytes, final: dict[bytes, bytes | None]) -> None:
+        get, db = txn.get, self._keys
+        order = sorted(final)  # key order: B-tree locality for reads and writes
+        all_prevs = [get(key, None, db) for key in order]
+        all_news = list(map(final.__getitem__, order))
+        # Only real changes need undo; no-op writes and deletes of absent keys are skipped.
+        # (map/compress keep this per-row filtering in C.)
+        changed = list(map(operator.ne, all_prevs, all_news))
+        keys = list(compress(order, changed))
+        prevs = list(compress(all_prevs, changed))
+        news = list(compress(all_news, changed))
+        # Undo first (same txn, so atomic either way; the order documents the intent).
+        self._record_undo(txn, token, keys, prevs, news)
+        txn.cursor(db=db).putmulti([(k, v) for k, v in zip(keys, news) if v is not None])
+        for key, new in zip(keys, news):
+            if new is None:
+                txn.delete(key, db=db)
+
+    def _record_undo(
+        self,
+        txn: lmdb.Transaction,
+        token: bytes,
+        keys: list[bytes],
+        prevs: list[bytes | None],
+        news: list[bytes | None],
+    ) -> None:
+        step = _UNDO_CHUNK_RECORDS
+        chunks = [
+            _pack_undo_chunk(keys[i : i + step], prevs[i : i + step], news[i : i + step])
+            for i in range(0, len(keys), step)
+        ]
+        raw_seq = txn.get(_META_NEXT_UNDO_SEQ, db=self._meta)
+        seq = _U64.unpack(raw_seq)[0] if raw_seq else 0
+        # Each apply consumes at least one sequence number so tokens order by first apply.
+        apply_seq = seq
+        chunk_seqs = list(range(seq, seq + len(chunks)))
+        for chunk_seq, chunk in zip(chunk_seqs, chunks):
+            txn.put(b"c" + _U64BE.pack(chunk_seq), chunk, db=self._undo)
+        txn.put(_META_NEXT_UNDO_SEQ, _U64.pack(seq + max(1, len(chunks))), db=self._meta)
+
+        token_key = self._fit(b"t" + token)
+        existing = txn.get(token_key, db=self._undo)
+        if existing is None:
+            record = _pack_token_record(token, apply_seq, chunk_seqs)
+        else:
+            # Appending keeps the earlier chunks, hence the pre-token values, for rollback.
+            record = existing + b"".join(_U64.pack(s) for s in chunk_seqs)
+        txn.put(token_key, record, db=self._undo)
+
+    # -- undo ------------------------------------------------------------------------------
+
+    def pending_tokens(self) -> list[str]:
+        """Tokens applied but neither committed nor rolled back, oldest first."""
+
+        def scan(txn: lmdb.Transaction) -> list[tuple[int, str]]:
+            cursor = txn.cursor(db=self._undo)
+            found = []
+            if cursor.set_range(b"t"):
+                for key, value in cursor:
+                    if not key.startswith(b"t"):
+                        break
+                    token, first_seq, _ = _unpack_token_record(value)
+                    found.append((first_seq, token))
+            return found
+
+        return [token for _, token in sorted(self._read(scan))]
+
+    def commit_tokens(self, tokens: Iterable[str], state: IndexState | None = None) -> None:
+        """Drop the undo of `tokens` (their batch reached the table), optionally setting state."""
+        tokens = list(tokens)
+
+        def body(txn: lmdb.Transaction) -> None:
+            for chunk_seq in self._take_token_chunks(txn, tokens):
+                txn.delete(b"c" + _U64BE.pack(chunk_seq), db=self._undo)
+            if state is not None:
+                self._put_state(txn, state)
+
+        self._write(body)
+
+    def rollback_tokens(self, tokens: Iterable[str]) -> None:
+        """Restore what `tokens` overwrote (newest change first) and drop their undo."""
+        tokens = list(tokens)
+
+        def body(txn: lmdb.Transaction) -> None:
+            for chunk_seq in sorted(self._take_token_chunks(txn, tokens), reverse=True):
+                chunk_key = b"c" + _U64BE.pack(chunk_seq)
+                chunk = txn.get(chunk_key, db=self._undo)
+                if chunk is not None:
+                    self._replay_undo(txn, _unpack_undo_chunk(chunk))
+                    txn.delete(chunk_key, db=self._undo)
+
+        self._write(body)
+
+    def _take_token_chunks(self, txn: lmdb.Transaction, tokens: list[str]) -> list[int]:
+        """Delete the token records of `tokens` and return their chunk sequence numbers."""
+        seqs: list[int] = []
+        for token in tokens:
+            token_key = self._fit(b"t" + token.encode())
+            raw = txn.get(token_key, db=self._undo)
+            if raw is None:
+                continue  # unknown or already resolved: both operations are idempotent
+            seqs.extend(_unpack_token_record(raw)[2])
+            txn.delete(token_key, db=self._undo)
+        return seqs
+
+    def _replay_undo(self, txn: lmdb.Transaction, records: list[tuple[bytes, bytes | None, bytes | None]]) -> None:
+        # Records of one chunk have distinct keys (one apply), so their order is free.
+        get, put, delete, db = txn.get, txn.put, txn.delete, self._keys
+        for key, prev, new in records:
+            if get(key, None, db) != new:
+                continue  # a later write that is not being rolled back owns the key now
+            if prev is None:
+                delete(key, db=db)
+            else:
+                put(key, prev, db=db)
+
+    # -- state -----------------------------------------------------------------------------
+
+    def get_state(self) -> IndexState | None:
+        raw = self._read(lambda txn: txn.get(_META_STATE, db=self._meta))
+        return None if raw is None else _STATE_DECODER.decode(raw)
+
+    def set_state(self, state: IndexState) -> None:
+        self._write(lambda txn: self._put_state(txn, state))
+
+    def _put_state(self, txn: lmdb.Transaction, state: IndexState) -> None:
+        txn.put(_META_STATE, _STATE_ENCODER.encode(state), db=self._meta)
+
+    # -- maintenance -----------------------------------------------------------------------
+
+    def clear(self) -> None:
+        """Empty keys, files, undo and meta (counters included) in one txn, for a rebuild."""
+
+        def body(txn: lmdb.Transaction) -> None:
+            for db in (self._keys, self._files, self._undo, self._meta):
+                txn.drop(db, delete=False)
+
+        self._write(body)
+
+    def count(self) -> int:
+        return self._read(lambda txn: txn.stat(self._keys)["entries"])
+
+    def close(self) -> None:
+        """Close the environment and forget it in the per-process cache."""
+        with _CACHE_LOCK:
+            if _CACHE.get(self.path) is self:
+                del _CACHE[self.path]
+        with self._lock:
+            if not self.closed:
+                self.closed = True
+                self._env.close()
+
+    def __repr__(self) -> str:
+        return f"KeyIndex({self.path!r}{', closed' if self.closed else ''})"
+
+
+# --------------------------------------------------------------------- per-process cache
+
+_CACHE: dict[str, KeyIndex] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def open_index(path: str, map_size: int = 1 << 30) -> KeyIndex:
+    """The process-wide `KeyIndex` for `path`, opening it on first use.
+
+    `map_size` only matters for the first open in a process; the map grows on demand.
+    """
+    key = os.path.abspath(path)
+    with _CACHE_LOCK:
+        index = _CACHE.get(key)
+        if index is not None and not index.closed:
+            if index._pid != os.getpid():
+                # LMDB handles do not survive fork(); the child must not touch the parent's.
+                raise RuntimeError(
+                    f"key index {key} was opened before fork(); open it in the child process only"
+                )
+            return index
+        index = KeyIndex(key, map_size=map_size)
+        _CACHE[key] = index
+        return index
+
+
+def drop_index(path: str) -> None:
+    """Close the cached index at `path` (if open here) and delete its directory."""
+    key = os.path.abspath(path)
+    with _CACHE_LOCK:
+        index = _CACHE.pop(key, None)
+    if index is not None:
+        index.close()
+    shutil.rmtree(key, ignore_errors=True)

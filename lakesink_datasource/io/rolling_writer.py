@@ -1,0 +1,331 @@
+"""Rolling, partitioned Parquet writer: buffers per partition, writes large row groups.
+
+Incoming tables are small (one Arrow batch split across partitions), so writing each as a
+row group would produce thousands of tiny row groups. Instead every partition buffers its
+tables and writes them as one row group once the buffer reaches `row_group_bytes`. The sum
+of all buffers is capped by `buffer_limit_bytes`: past it, the largest buffers are written
+out until the total is under half the limit, which bounds memory when a batch touches many
+partitions (at most the limit plus one incoming table is ever buffered).
+
+Every open file also costs memory of its own (pyiceberg's PyArrowFileIO gives each output
+stream a 1 MiB buffer; object-store streams buffer whole upload parts), so
+`max_open_files` optionally caps how many stay open: opening one more closes the least
+recently written file early, trading smaller files for bounded memory.
+
+Files roll at `target_file_size` (measured by the output stream position). Because a row
+group's compressed size is only known after writing it, the writer estimates the file's
+compression ratio (bytes written / Arrow bytes written) and caps each row group at the rows
+expected to fill the rest of the target, so small targets are not overshot by one big row
+group.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO, OutputStream
+from pyiceberg.schema import Schema
+
+from lakesink_datasource.io.metrics import add_counts, count_nans, data_file_message
+from lakesink_datasource.io.partitioning import PartitionKey
+from lakesink_datasource.write.messages import DataFileMessage
+
+logger = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+
+# A file whose remaining room is below this fraction of the target is closed rather than
+# topped up with a sliver of a row group (estimates rarely land exactly on the target).
+_TAIL_FRACTION = 0.125
+# Before any file has been written, assume Parquet is as large as Arrow: the first row group
+# then cannot overshoot the target, and later ones use the observed ratio.
+_INITIAL_RATIO = 1.0
+# A buffered slice that pins more than this many times its own bytes (e.g. a small group of
+# a large split batch) is copied, so buffering it does not keep the whole batch alive.
+_PINNED_SLACK = 2
+
+
+@dataclass(frozen=True)
+class WriterStats:
+    rows_written: int  # rows in files (written row groups), not rows still buffered
+    bytes_written: int  # bytes in files, open ones included
+    files_written: int  # files opened so far
+
+
+@dataclass
+class _OpenFile:
+    path: str
+    stream: OutputStream
+    writer: pq.ParquetWriter
+    rows: int = 0
+    arrow_bytes: int = 0
+    nan_counts: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def position(self) -> int:
+        return int(self.stream.tell())
+
+    def ratio(self) -> Optional[float]:
+        """Parquet bytes per Arrow byte seen so far in this file."""
+        return self.position / self.arrow_bytes if self.arrow_bytes else None
+
+
+@dataclass
+class _Partition:
+    key: PartitionKey
+    buffers: list[pa.Table] = field(default_factory=list)
+    buffered_bytes: int = 0
+    next_file: int = 0
+    file: Optional[_OpenFile] = None
+
+
+class PartitionedParquetWriter:
+    """Writes partitioned Arrow tables to rolling Parquet files and describes them."""
+
+    def __init__(
+        self,
+        *,
+        io: FileIO,
+        iceberg_schema: Schema,
+        arrow_schema: pa.Schema,
+        spec_id: int,
+        table_properties: dict[str, str],
+        path_for: Callable[[PartitionKey, int], str],
+        target_file_size: int = 512 * MiB,
+        row_group_bytes: int = 64 * MiB,
+        buffer_limit_bytes: int = 256 * MiB,
+        compression: str = "zstd",
+        max_open_files: Optional[int] = None,
+    ) -> None:
+        if min(target_file_size, row_group_bytes, buffer_limit_bytes) <= 0:
+            raise ValueError("target_file_size, row_group_bytes and buffer_limit_bytes must be positive")
+        if max_open_files is not None and max_open_files < 1:
+            raise ValueError("max_open_files must be at least 1")
+        self._io = io
+        self._iceberg_schema = iceberg_schema
+        self._arrow_schema = arrow_schema
+        self._spec_id = spec_id
+        self._table_properties = dict(table_properties)
+        self._path_for = path_for
+        self._target = target_file_size
+        self._row_group_bytes = row_group_bytes
+        self._buffer_limit = buffer_limit_bytes
+        self._compression = compression
+        self._max_open_files = max_open_files
+
+        self._partitions: dict[PartitionKey, _Partition] = {}
+        # Partitions with an open file, least recently written first (for max_open_files).
+        self._open: OrderedDict[PartitionKey, None] = OrderedDict()
+        self._buffered_bytes = 0
+        self.peak_buffered_bytes = 0  # high-water mark of buffered Arrow bytes, for tests/metrics
+        self._ratio_hint = _INITIAL_RATIO  # last observed compression ratio, seeds new files
+        self._paths: list[str] = []  # every file created, for abort()
+        self._messages: list[DataFileMessage] = []
+        self._closed_rows = 0
+        self._closed_bytes = 0
+        self._done = False
+
+    @property
+    def stats(self) -> WriterStats:
+        open_files = [p.file for p in self._partitions.values() if p.file is not None]
+        return WriterStats(
+            rows_written=self._closed_rows + sum(f.rows for f in open_files),
+            bytes_written=self._closed_bytes + sum(f.position for f in open_files),
+            files_written=len(self._paths),
+        )
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._buffered_bytes
+
+    @property
+    def open_files(self) -> int:
+        return len(self._open)
+
+    def write(self, key: PartitionKey, table: pa.Table) -> None:
+        """Buffer rows of one partition; writes happen when buffers fill up."""
+        if self._done:
+            raise RuntimeError("writer is closed")
+        if table.num_rows == 0:
+            return
+        if not table.schema.equals(self._arrow_schema):
+            table = table.cast(self._arrow_schema)
+        table = _unpin(table)
+        part = self._partitions.get(key)
+        if part is None:
+            part = self._partitions[key] = _Partition(key)
+        nbytes = table.nbytes
+        part.buffers.append(table)
+        part.buffered_bytes += nbytes
+        self._buffered_bytes += nbytes
+        self.peak_buffered_bytes = max(self.peak_buffered_bytes, self._buffered_bytes)
+
+        if part.buffered_bytes >= self._row_group_bytes:
+            self._flush(part)
+        if self._buffered_bytes > self._buffer_limit:
+            self._relieve_memory_pressure()
+
+    def close(self) -> list[DataFileMessage]:
+        """Write every buffer, close every file and return one message per file."""
+        if self._done:
+            return list(self._messages)
+        for part in self._partitions.values():
+            self._flush(part)
+            if part.file is not None:
+                self._close_file(part)
+        self._done = True
+        return list(self._messages)
+
+    def abort(self) -> list[str]:
+        """Drop buffers, close and delete every file written so far; returns their paths.
+
+        Safe after any error: every step is best effort and failures are only logged.
+        """
+        self._done = True
+        for part in self._partitions.values():
+            part.buffers.clear()
+            part.buffered_bytes = 0
+            if part.file is not None:
+                _close_quietly(part.file)
+                part.file = None
+        self._open.clear()
+        self._buffered_bytes = 0
+        for path in self._paths:
+            try:
+                self._io.delete(path)
+            except FileNotFoundError:
+                pass
+            except Exception:  # noqa: BLE001 - abort must go on deleting the rest
+                logger.warning("could not delete %s while aborting", path, exc_info=True)
+        self._messages.clear()
+        return list(self._paths)
+
+    def _relieve_memory_pressure(self) -> None:
+        """Write the largest buffers until the total is under half the limit.
+
+        Going down to half (not just under the limit) means the next writes do not trigger
+        another round of small row groups straight away.
+        """
+        goal = self._buffer_limit // 2
+        by_size = sorted(self._partitions.values(), key=lambda p: p.buffered_bytes, reverse=True)
+        for part in by_size:
+            if self._buffered_bytes <= goal or part.buffered_bytes == 0:
+                break
+            self._flush(part)
+
+    def _flush(self, part: _Partition) -> None:
+        """Write a partition's buffer as row groups, rolling files at the target size."""
+        if not part.buffers:
+            return
+        table = pa.concat_tables(part.buffers)
+        self._buffered_bytes -= part.buffered_bytes
+        part.buffers, part.buffered_bytes = [], 0
+
+        rows = table.num_rows
+        bytes_per_row = max(table.nbytes / rows, 1e-9)
+        # Normally one row group; an oversized buffer (one huge input table) becomes several
+        # row groups of between 1x and 2x row_group_bytes.
+        group_rows = math.ceil(rows / max(1, table.nbytes // self._row_group_bytes))
+        offset = 0
+        while offset < rows:
+            file = self._file_with_room(part)
+            take = min(group_rows, rows - offset, self._rows_to_fill(file, bytes_per_row))
+            self._write_row_group(part, file, table.slice(offset, take))
+            offset += take
+            if file.position >= self._target:
+                self._close_file(part)
+
+    def _file_with_room(self, part: _Partition) -> _OpenFile:
+        file = part.file
+        if file is not None and file.rows > 0 and self._target - file.position < self._target * _TAIL_FRACTION:
+            self._close_file(part)
+            file = None
+        return file if file is not None else self._open_file(part)
+
+    def _rows_to_fill(self, file: _OpenFile, bytes_per_row: float) -> int:
+        """Rows expected to bring the file up to the target, from the compression ratio."""
+        remaining = max(self._target - file.position, 1)
+        ratio = file.ratio() or self._ratio_hint
+        return max(1, math.ceil(remaining / (max(ratio, 1e-6) * bytes_per_row)))
+
+    def _write_row_group(self, part: _Partition, file: _OpenFile, table: pa.Table) -> None:
+        self._open.move_to_end(part.key)
+        file.writer.write_table(table, row_group_size=table.num_rows)
+        file.rows += table.num_rows
+        file.arrow_bytes += table.nbytes
+        add_counts(file.nan_counts, count_nans(table, self._iceberg_schema))
+        ratio = file.ratio()
+        if ratio:
+            self._ratio_hint = ratio
+
+    def _open_file(self, part: _Partition) -> _OpenFile:
+        if self._max_open_files is not None:
+            while len(self._open) >= self._max_open_files:
+                oldest = next(iter(self._open))
+                self._close_file(self._partitions[oldest])
+        path = self._path_for(part.key, part.next_file)
+        part.next_file += 1
+        stream = self._io.new_output(path).create(overwrite=True)
+        self._paths.append(path)
+        try:
+            writer = pq.ParquetWriter(
+                stream,
+                self._arrow_schema,
+                compression=self._compression,
+                write_statistics=True,
+                # Iceberg's Parquet mapping stores decimal(P<=18) as INT32/INT64, as Java does.
+                store_decimal_as_integer=True,
+            )
+        except Exception:
+            stream.close()
+            raise
+        part.file = _OpenFile(path=path, stream=stream, writer=writer)
+        self._open[part.key] = None
+        return part.file
+
+    def _close_file(self, part: _Partition) -> None:
+        file = part.file
+        assert file is not None
+        file.writer.close()  # writes the footer
+        metadata = file.writer.writer.metadata
+        size = file.position
+        file.stream.close()
+        # Detach only once closed, so abort() still closes the stream if closing failed.
+        part.file = None
+        self._open.pop(part.key, None)
+        self._closed_rows += file.rows
+        self._closed_bytes += size
+        self._messages.append(
+            data_file_message(
+                path=file.path,
+                spec_id=self._spec_id,
+                partition_key=part.key,
+                parquet_metadata=metadata,
+                file_size=size,
+                iceberg_schema=self._iceberg_schema,
+                table_properties=self._table_properties,
+                nan_counts=file.nan_counts,
+            )
+        )
+
+
+def _unpin(table: pa.Table) -> pa.Table:
+    """Copy a slice that references far more memory than its own rows."""
+    if table.get_total_buffer_size() > _PINNED_SLACK * table.nbytes + 64 * 1024:
+        return table.take(pa.array(np.arange(table.num_rows, dtype=np.int64)))
+    return table
+
+
+def _close_quietly(file: _OpenFile) -> None:
+    for close in (file.writer.close, file.stream.close):
+        try:
+            close()
+        except Exception:  # noqa: BLE001 - best effort during abort
+            logger.debug("ignoring error while closing %s", file.path, exc_info=True)

@@ -1,0 +1,62 @@
+"""One SparkSession for the whole test session, plus per-test warehouses."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+# Spark's Python workers must run this interpreter (the venv with pyarrow, lmdb, ...),
+# and the fault-injection file must be known before the JVM and its workers start.
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+
+@pytest.fixture(scope="session")
+def faults_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("faults") / "faults.json"
+    os.environ["LAKESINK_FAULTS"] = str(path)
+    return path
+
+
+@pytest.fixture
+def arm_fault(faults_file: Path) -> Iterator:
+    """Arm fault rules for one test; always disarmed afterwards."""
+
+    def arm(*rules: dict) -> None:
+        faults_file.write_text(json.dumps(list(rules)))
+
+    yield arm
+    faults_file.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def spark(faults_file: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from pyspark.sql import SparkSession
+
+    from lakesink_datasource import LakeSinkDataSource
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("lakesink-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("spark-warehouse")))
+        .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={tmp_path_factory.mktemp('derby')}")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(LakeSinkDataSource)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def warehouse(tmp_path: Path) -> str:
+    return str(tmp_path / "warehouse")

@@ -1,0 +1,87 @@
+"""Shared helpers for the tests: independent readers (DuckDB, pyiceberg) and table access."""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections import Counter
+from datetime import datetime, timezone
+from typing import Any, Iterable, Optional, Sequence
+
+import duckdb
+import pyarrow as pa
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.table import Table
+
+import lakesink_datasource  # noqa: F401  (v3 metadata support for pyiceberg)
+
+
+def _extension(module: Any) -> str:
+    found = glob.glob(os.path.join(os.path.dirname(module.__file__), "extensions", "**", "*.duckdb_extension"), recursive=True)
+    assert found, f"no DuckDB extension file in {module.__name__}"
+    return found[0]
+
+
+def duckdb_connection() -> duckdb.DuckDBPyConnection:
+    """DuckDB with the iceberg + avro extensions loaded from the PyPI packages, no autoload."""
+    import duckdb_extension_avro
+    import duckdb_extension_iceberg
+
+    con = duckdb.connect(config={"autoload_known_extensions": False, "autoinstall_known_extensions": False})
+    con.execute(f"LOAD '{_extension(duckdb_extension_avro)}'")
+    con.execute(f"LOAD '{_extension(duckdb_extension_iceberg)}'")
+    return con
+
+
+def embedded_catalog(warehouse: str) -> SqlCatalog:
+    return SqlCatalog("lakesink", uri=f"sqlite:///{warehouse}/catalog.db", warehouse=f"file://{warehouse}")
+
+
+def load(warehouse: str, identifier: str) -> Table:
+    return embedded_catalog(str(warehouse)).load_table(identifier)
+
+
+def _normalise(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted((k, _normalise(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_normalise(v) for v in value)
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone(timezone.utc).replace(tzinfo=None)
+    return value
+
+
+def rows(table: pa.Table, columns: Sequence[str]) -> Counter:
+    """A multiset of row tuples, so comparisons ignore order but not duplicates."""
+    data = table.select(list(columns)).to_pylist()
+    return Counter(tuple(_normalise(r[c]) for c in columns) for r in data)
+
+
+def duckdb_rows(metadata_location: str, columns: Sequence[str]) -> Counter:
+    con = duckdb_connection()
+    cols = ", ".join(f'"{c}"' for c in columns)
+    result = con.execute(f"SELECT {cols} FROM iceberg_scan('{metadata_location}')").fetch_arrow_table()
+    return rows(result, columns)
+
+
+def pyiceberg_rows(table: Table, columns: Sequence[str]) -> Counter:
+    return rows(table.scan().to_arrow(), columns)
+
+
+def expected_rows(records: Iterable[dict], columns: Sequence[str]) -> Counter:
+    return rows(pa.Table.from_pylist(list(records)), columns) if records else Counter()
+
+
+def assert_readers_see(warehouse: str, identifier: str, expected: Counter, columns: Sequence[str]) -> None:
+    """DuckDB and pyiceberg (two readers sharing no code with lakesink) see exactly `expected`."""
+    table = load(warehouse, identifier)
+    assert pyiceberg_rows(table, columns) == expected, "pyiceberg disagrees with the expected rows"
+    assert duckdb_rows(table.metadata_location, columns) == expected, "DuckDB disagrees with the expected rows"
+
+
+def current_snapshot_id(warehouse: str, identifier: str) -> Optional[int]:
+    try:
+        snap = load(warehouse, identifier).metadata.current_snapshot()
+    except Exception:
+        return None
+    return snap.snapshot_id if snap else None

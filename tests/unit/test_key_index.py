@@ -1,0 +1,379 @@
+"""The LMDB primary-key index against real LMDB environments in temporary directories."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lakesink_datasource.index.key_index import (
+    IndexState,
+    KeyIndex,
+    Location,
+    drop_index,
+    open_index,
+)
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[KeyIndex]:
+    ix = open_index(str(tmp_path / "table-uuid"))
+    yield ix
+    drop_index(ix.path)
+
+
+def key(i: int) -> bytes:
+    return b"key-%06d" % i
+
+
+def snapshot(ix: KeyIndex, keys: list[bytes]) -> dict[bytes, Location]:
+    """The mapping restricted to `keys` (the index has no full scan API)."""
+    return {k: loc for k, loc in zip(keys, ix.lookup(keys)) if loc is not None}
+
+
+# ----------------------------------------------------------------------- basic mapping
+
+
+def test_lookup_after_apply_returns_input_order(index: KeyIndex) -> None:
+    puts = [(key(i), Location(i % 3, i * 10)) for i in range(50)]
+    index.apply("q/0/0", puts, [])
+    probe = [key(7), b"missing", key(0), key(7), key(49)]
+    assert index.lookup(probe) == [Location(1, 70), None, Location(0, 0), Location(1, 70), Location(1, 490)]
+    assert index.count() == 50
+    assert index.lookup([]) == []
+
+
+def test_sequence_round_trips_and_empty_differs_from_none(index: KeyIndex) -> None:
+    index.apply("t", [(b"a", Location(1, 2, None)), (b"b", Location(1, 3, b"")), (b"c", Location(4, 2**63, b"\x00\xff"))], [])
+    assert index.lookup([b"a", b"b", b"c"]) == [Location(1, 2, None), Location(1, 3, b""), Location(4, 2**63, b"\x00\xff")]
+
+
+def test_deletes_and_last_put_wins_within_one_apply(index: KeyIndex) -> None:
+    index.apply("t1", [(b"a", Location(0, 1)), (b"b", Location(0, 2))], [])
+    index.apply("t2", [(b"a", Location(1, 1)), (b"a", Location(1, 9)), (b"b", Location(1, 2))], [b"b", b"never"])
+    assert index.lookup([b"a", b"b", b"never"]) == [Location(1, 9), None, None]
+    assert index.count() == 1
+
+
+def test_long_keys_beyond_lmdb_limit_are_distinct(index: KeyIndex) -> None:
+    prefix = b"x" * 2000
+    long_keys = [prefix + bytes([i]) for i in range(5)] + [b"y" * 511, b"y" * 510]
+    index.apply("t", [(k, Location(0, i)) for i, k in enumerate(long_keys)], [])
+    assert index.lookup(long_keys) == [Location(0, i) for i in range(len(long_keys))]
+    index.rollback_tokens(["t"])
+    assert index.lookup(long_keys) == [None] * len(long_keys)
+    with pytest.raises(ValueError, match="empty"):
+        index.lookup([b""])
+
+
+# ------------------------------------------------------------------------- file ordinals
+
+
+def test_file_ordinals_are_idempotent_and_persist(tmp_path: Path) -> None:
+    path = str(tmp_path / "idx")
+    ix = open_index(path)
+    assert ix.file_ordinal("s3://b/f0.parquet") == 0
+    assert ix.file_ordinals(["s3://b/f1.parquet", "s3://b/f0.parquet", "s3://b/f1.parquet", "s3://b/f2.parquet"]) == [1, 0, 1, 2]
+    long_path = "s3://b/" + "p=" * 400 + "f.parquet"
+    assert ix.file_ordinal(long_path) == 3
+    assert ix.file_path(2) == "s3://b/f2.parquet"
+    with pytest.raises(KeyError):
+        ix.file_path(99)
+    ix.close()
+    reopened = open_index(path)
+    assert reopened is not ix
+    assert reopened.file_ordinals([long_path, "s3://b/f1.parquet", "s3://b/new"]) == [3, 1, 4]
+    assert reopened.file_path(3) == long_path
+    drop_index(path)
+    assert not os.path.exists(path)
+
+
+def test_open_index_is_cached_per_process(tmp_path: Path) -> None:
+    path = tmp_path / "idx"
+    ix = open_index(str(path))
+    assert open_index(str(path / ".." / "idx")) is ix  # keyed by absolute path
+    drop_index(str(path))
+    assert ix.closed
+
+
+# ----------------------------------------------------------------------- undo / tokens
+
+
+def test_rollback_restores_previous_mapping(index: KeyIndex) -> None:
+    keys = [key(i) for i in range(20)]
+    index.apply("q/0/0", [(k, Location(0, i)) for i, k in enumerate(keys[:10])], [])
+    index.commit_tokens(["q/0/0"])
+    before = snapshot(index, keys)
+
+    index.apply("q/1/0", [(k, Location(1, i)) for i, k in enumerate(keys[5:15])], keys[:3])
+    index.apply("q/1/1", [(keys[19], Location(2, 0))], [keys[9]])
+    assert snapshot(index, keys) != before
+    assert index.pending_tokens() == ["q/1/0", "q/1/1"]
+
+    index.rollback_tokens(["q/1/0", "q/1/1"])
+    assert snapshot(index, keys) == before
+    assert index.count() == 10
+    assert index.pending_tokens() == []
+
+
+def test_key_touched_twice_under_one_token_rolls_back_to_pre_token_value(index: KeyIndex) -> None:
+    index.apply("old", [(b"k", Location(0, 0)), (b"gone", Location(0, 1))], [])
+    index.commit_tokens(["old"])
+    # Two Arrow batches of one task share the token.
+    index.apply("q/1/7", [(b"k", Location(1, 0)), (b"new", Location(1, 1))], [b"gone"])
+    index.apply("q/1/7", [(b"k", Location(2, 0)), (b"gone", Location(2, 1))], [b"new"])
+    assert index.pending_tokens() == ["q/1/7"]
+    index.rollback_tokens(["q/1/7"])
+    assert index.lookup([b"k", b"gone", b"new"]) == [Location(0, 0), Location(0, 1), None]
+
+
+def test_commit_drops_undo_so_rollback_is_a_no_op(index: KeyIndex) -> None:
+    index.apply("a", [(b"k", Location(0, 0))], [])
+    index.apply("b", [(b"k", Location(1, 0))], [])
+    index.commit_tokens(["a", "b", "unknown"])
+    assert index.pending_tokens() == []
+    index.rollback_tokens(["a", "b"])
+    assert index.lookup([b"k"]) == [Location(1, 0)]
+    # Only the token bookkeeping stays in the undo db after commit: nothing at all.
+    with index._env.begin() as txn:
+        assert txn.stat(index._undo)["entries"] == 0
+
+
+def test_rollback_does_not_clobber_a_later_surviving_write(index: KeyIndex) -> None:
+    # A failed attempt's token is rolled back after a retry overwrote the same key and
+    # was committed: the retry's value must survive.
+    index.apply("attempt-0", [(b"k", Location(1, 0))], [])
+    index.apply("attempt-1", [(b"k", Location(2, 0))], [])
+    index.commit_tokens(["attempt-1"])
+    index.rollback_tokens(["attempt-0"])
+    assert index.lookup([b"k"]) == [Location(2, 0)]
+
+
+def test_large_apply_spans_several_undo_chunks(index: KeyIndex) -> None:
+    n = 60_000  # more records than fit in one undo chunk
+    keys = [key(i) for i in range(n)]
+    index.apply("base", [(k, Location(0, i)) for i, k in enumerate(keys[::2])], [])
+    index.commit_tokens(["base"])
+    before = snapshot(index, keys)
+    index.apply("big", [(k, Location(1, i, b"seq")) for i, k in enumerate(keys)], [])
+    with index._env.begin() as txn:
+        assert txn.stat(index._undo)["entries"] > 2
+    index.rollback_tokens(["big"])
+    assert snapshot(index, keys) == before
+
+
+def test_empty_apply_still_registers_the_token(index: KeyIndex) -> None:
+    index.apply("noop", [], [b"absent"])
+    assert index.pending_tokens() == ["noop"]
+    index.commit_tokens(["noop"])
+    assert index.pending_tokens() == []
+
+
+# ------------------------------------------------------------- model-based undo check
+
+KEYS = [b"k%d" % i for i in range(8)]
+TOKENS = [f"q/{i // 2}/{i % 2}" for i in range(5)]
+
+operation = st.one_of(
+    st.tuples(
+        st.just("apply"),
+        st.sampled_from(TOKENS),
+        st.lists(st.sampled_from(KEYS), max_size=6),
+        st.lists(st.sampled_from(KEYS), max_size=3),
+    ),
+    st.tuples(st.just("commit"), st.lists(st.sampled_from(TOKENS), max_size=3)),
+    st.tuples(st.just("rollback"), st.lists(st.sampled_from(TOKENS), max_size=3)),
+)
+
+
+class Model:
+    """The documented semantics on a plain dict.
+
+    Each apply logs (token, key, previous, new) for keys it changes. Rollback replays the
+    chosen tokens' records newest first, restoring `previous` only while the key still
+    holds that record's `new` value. Commit forgets the records.
+    """
+
+    def __init__(self) -> None:
+        self.mapping: dict[bytes, Location] = {}
+        self.log: list[tuple[str, bytes, Location | None, Location | None]] = []
+        self.pending: list[str] = []
+
+    def apply(self, token: str, puts: list[tuple[bytes, Location]], deletes: list[bytes]) -> None:
+        final: dict[bytes, Location | None] = dict(puts)
+        final.update(dict.fromkeys(deletes))
+        for k, new in final.items():
+            prev = self.mapping.get(k)
+            if prev != new:
+                self.log.append((token, k, prev, new))
+                self._set(k, new)
+        if token not in self.pending:
+            self.pending.append(token)
+
+    def commit(self, tokens: list[str]) -> None:
+        self.log = [r for r in self.log if r[0] not in tokens]
+        self.pending = [t for t in self.pending if t not in tokens]
+
+    def rollback(self, tokens: list[str]) -> None:
+        for token, k, prev, new in reversed(self.log):
+            if token in tokens and self.mapping.get(k) == new:
+                self._set(k, prev)
+        self.commit(tokens)
+
+    def _set(self, k: bytes, value: Location | None) -> None:
+        if value is None:
+            self.mapping.pop(k, None)
+        else:
+            self.mapping[k] = value
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(operation, max_size=25))
+def test_random_applies_commits_and_rollbacks_match_dict_model(tmp_path_factory: pytest.TempPathFactory, ops: list) -> None:
+    ix = open_index(str(tmp_path_factory.mktemp("model")))
+    model = Model()
+    try:
+        for step, op in enumerate(ops):
+            if op[0] == "apply":
+                _, token, put_keys, delete_keys = op
+                # Every put writes a fresh location, as real writes land in new files.
+                puts = [(k, Location(step, i, b"s%d" % step if i % 2 else None)) for i, k in enumerate(put_keys)]
+                ix.apply(token, puts, delete_keys)
+                model.apply(token, puts, delete_keys)
+            elif op[0] == "commit":
+                ix.commit_tokens(op[1])
+                model.commit(op[1])
+            else:
+                ix.rollback_tokens(op[1])
+                model.rollback(op[1])
+            assert snapshot(ix, KEYS) == model.mapping
+            assert ix.count() == len(model.mapping)
+            assert ix.pending_tokens() == model.pending
+    finally:
+        drop_index(ix.path)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    base=st.dictionaries(st.sampled_from(KEYS), st.integers(0, 100), max_size=8),
+    batches=st.lists(
+        st.tuples(st.sampled_from(TOKENS), st.lists(st.sampled_from(KEYS), max_size=5), st.lists(st.sampled_from(KEYS), max_size=3)),
+        max_size=8,
+    ),
+)
+def test_rolling_back_every_pending_token_restores_the_committed_state(
+    tmp_path_factory: pytest.TempPathFactory, base: dict[bytes, int], batches: list
+) -> None:
+    # The operational case: a failed batch rolls back everything it applied, however
+    # its tokens interleaved, and the index is exactly as it was before the batch.
+    ix = open_index(str(tmp_path_factory.mktemp("batch")))
+    try:
+        ix.apply("base", [(k, Location(0, v)) for k, v in base.items()], [])
+        ix.commit_tokens(["base"])
+        for step, (token, put_keys, delete_keys) in enumerate(batches, start=1):
+            ix.apply(token, [(k, Location(step, i)) for i, k in enumerate(put_keys)], delete_keys)
+        ix.rollback_tokens(ix.pending_tokens())
+        assert snapshot(ix, KEYS) == {k: Location(0, v) for k, v in base.items()}
+    finally:
+        drop_index(ix.path)
+
+
+# -------------------------------------------------------------------------------- state
+
+
+def test_state_round_trips_and_commits_with_tokens(index: KeyIndex) -> None:
+    assert index.get_state() is None
+    state = IndexState(table_uuid="3f0c", snapshot_id=42, query_id=None, batch_id=None)
+    index.set_state(state)
+    assert index.get_state() == state
+    index.apply("q/7/0", [(b"k", Location(0, 0))], [])
+    streaming = IndexState(table_uuid="3f0c", snapshot_id=43, query_id="q", batch_id=7)
+    index.commit_tokens(["q/7/0"], state=streaming)
+    assert index.get_state() == streaming
+    assert index.pending_tokens() == []
+
+
+def test_clear_drops_everything(index: KeyIndex) -> None:
+    index.apply("t", [(b"k", Location(index.file_ordinal("f"), 0))], [])
+    index.set_state(IndexState(table_uuid="u", snapshot_id=1))
+    index.clear()
+    assert index.count() == 0
+    assert index.lookup([b"k"]) == [None]
+    assert index.pending_tokens() == []
+    assert index.get_state() is None
+    assert index.file_ordinal("other") == 0  # counters restart too
+    with pytest.raises(KeyError):
+        index.file_path(1)
+
+
+# -------------------------------------------------------------------------- map growth
+
+
+def test_map_grows_when_full(tmp_path: Path) -> None:
+    ix = open_index(str(tmp_path / "tiny"), map_size=64 * 1024)
+    try:
+        start = ix._env.info()["map_size"]
+        n = 20_000
+        for batch in range(4):
+            keys = [b"%08d" % i + b"-" * 40 for i in range(batch * n // 4, (batch + 1) * n // 4)]
+            ix.apply(f"t{batch}", [(k, Location(batch, i)) for i, k in enumerate(keys)], [])
+        assert ix.count() == n
+        assert ix._env.info()["map_size"] > start
+        ix.rollback_tokens([f"t{b}" for b in range(4)])
+        assert ix.count() == 0
+    finally:
+        drop_index(ix.path)
+
+
+# ------------------------------------------------------------------------ multi-process
+
+SHARED_PATHS = [f"s3://bucket/shared-{i}.parquet" for i in range(20)]
+
+
+def _child_writes(path: str, worker: int, n: int) -> None:
+    """Runs in a spawned process: its own LMDB handle on the shared directory."""
+    ix = open_index(path, map_size=64 * 1024)  # small: forces map growth across processes
+    own = ix.file_ordinal(f"s3://bucket/own-{worker}.parquet")
+    shared = ix.file_ordinals(SHARED_PATHS[worker::2] + SHARED_PATHS)
+    for chunk in range(4):
+        puts = [(b"w%d-%06d" % (worker, i), Location(own, i)) for i in range(chunk * n // 4, (chunk + 1) * n // 4)]
+        ix.apply(f"q/0/{worker}", puts, [])
+        ix.lookup([k for k, _ in puts])
+    ix.apply(f"q/0/{worker}", [(b"ordinal-%d" % worker, Location(shared[0], 0))], [])
+    ix.close()
+
+
+def test_two_processes_write_the_same_index(tmp_path: Path) -> None:
+    path = str(tmp_path / "shared")
+    parent = open_index(path)  # the parent keeps a handle open the whole time too
+    ctx = multiprocessing.get_context("spawn")
+    n = 8_000
+    children = [ctx.Process(target=_child_writes, args=(path, w, n)) for w in range(2)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(timeout=120)
+        assert child.exitcode == 0
+    try:
+        assert parent.count() == 2 * n + 2
+        assert sorted(parent.pending_tokens()) == ["q/0/0", "q/0/1"]
+        for worker in range(2):
+            locations = parent.lookup([b"w%d-%06d" % (worker, i) for i in range(n)])
+            own = parent.file_ordinal(f"s3://bucket/own-{worker}.parquet")
+            assert locations == [Location(own, i) for i in range(n)]
+        # Ordinals were assigned atomically: 22 distinct paths, 22 distinct ordinals.
+        ordinals = parent.file_ordinals(SHARED_PATHS + [f"s3://bucket/own-{w}.parquet" for w in range(2)])
+        assert sorted(ordinals) == list(range(22))
+        assert [parent.file_path(o) for o in ordinals[:20]] == SHARED_PATHS
+        first_shared = parent.lookup([b"ordinal-0", b"ordinal-1"])
+        assert first_shared[0].file_ordinal == parent.file_ordinal(SHARED_PATHS[0])
+        assert first_shared[1].file_ordinal == parent.file_ordinal(SHARED_PATHS[1])
+        parent.rollback_tokens(["q/0/0"])
+        assert parent.count() == n + 1
+    finally:
+        drop_index(path)
