@@ -102,7 +102,11 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
 
     table = values.get("table", "").strip()
     if not table:
-        raise OptionError("option 'table' is required: the Iceberg table as 'namespace.table'")
+        raise OptionError(
+            "option 'table' is required: the Iceberg table as 'namespace.table'. (For SQL: Spark does not "
+            "forward CREATE TABLE ... OPTIONS to INSERT for Python data sources; write "
+            "INSERT INTO t WITH ('table' = 'ns.t', 'warehouse' = '...') SELECT ...)"
+        )
     if "." not in table or table.startswith(".") or table.endswith("."):
         raise OptionError(f"option 'table' must be 'namespace.table', got {table!r}")
 

@@ -60,7 +60,7 @@ def rows(table: pa.Table, columns: Sequence[str]) -> Counter:
 def duckdb_rows(metadata_location: str, columns: Sequence[str]) -> Counter:
     con = duckdb_connection()
     cols = ", ".join(f'"{c}"' for c in columns)
-    result = con.execute(f"SELECT {cols} FROM iceberg_scan('{metadata_location}')").fetch_arrow_table()
+    result = con.execute(f"SELECT {cols} FROM iceberg_scan('{metadata_location}')").to_arrow_table()
     return rows(result, columns)
 
 

@@ -114,8 +114,7 @@ def unpack_location(raw: bytes) -> Location:
     if len(raw) == _LOCATION.size:  # the common no-sequence case, kept cheap
         return Location(*_LOCATION.unpack(raw))
     ordinal, position = _LOCATION.unpack_from(raw)
-    sequence = raw[_LOCATION.size + 1 :] if len(raw) > _LOCATION.size else None
-    return Location(ordinal, position, sequence)
+    return Location(ordinal, position, raw[_LOCATION.size + 1 :])  # skip the marker byte
 
 
 def _value_lengths(values: Sequence[bytes | None]) -> list[int]:

@@ -24,6 +24,9 @@ from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.write.messages import LakeSinkCommitMessage, TaskResult, TaskStats
 
 
+MAX_OPEN_FILES = 100
+
+
 @dataclass(frozen=True)
 class TaskIdentity:
     """Which task attempt of which batch of which query this is."""
@@ -104,6 +107,9 @@ def write_task(
         table_properties=metadata.properties,
         path_for=_file_namer(plan, data_dir, spec, schema, who),
         target_file_size=plan.options.target_file_size_bytes,
+        # Each open output stream holds its own buffer outside the row-group budget, so a
+        # task keeps at most this many files open (the least recently written closes).
+        max_open_files=MAX_OPEN_FILES,
     )
     rows_in = 0
     partition_seconds = write_seconds = 0.0
