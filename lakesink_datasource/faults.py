@@ -8,8 +8,8 @@ lets a test arm a fault after Spark's processes have started. Format:
 
 points: "task_files_written" (a task wrote its files, before returning its message),
 "before_commit" (driver commit, before the catalog commit), "after_commit" (the Iceberg
-commit landed, Spark has not recorded the batch yet). actions: "kill" SIGKILLs the whole
-process group (driver JVM, Python workers: a machine crash), "raise" raises
+commit landed, Spark has not recorded the batch yet). actions: "kill" SIGKILLs the job's
+process session leader group and its own (driver, JVM, Python workers: a machine crash), "raise" raises
 InjectedFault, "run" runs `command` (argv list) and waits for it. A rule with
 "once": true is disarmed (file rewritten without it) when it fires.
 """
@@ -27,6 +27,17 @@ ENV = "LAKESINK_FAULTS"
 
 class InjectedFault(RuntimeError):
     pass
+
+
+def _kill_everything() -> None:
+    # Spark's Python workers may sit in process groups of their own, but they share the
+    # session of the job's launcher (tests start it with start_new_session=True), whose
+    # group holds the driver and its JVM: kill that group, then our own.
+    for group in (os.getsid(0), os.getpgrp()):
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def fault_point(point: str, batch_id: Optional[int] = None) -> None:
@@ -48,7 +59,7 @@ def fault_point(point: str, batch_id: Optional[int] = None) -> None:
             os.replace(tmp, path)
         action = rule.get("action")
         if action == "kill":
-            os.killpg(os.getpgrp(), signal.SIGKILL)
+            _kill_everything()
         elif action == "raise":
             raise InjectedFault(f"injected fault at {point} (batch {batch_id})")
         elif action == "run":

@@ -125,9 +125,11 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: Optional[
             if idempotency.is_epoch_committed(table.metadata, query_id, batch_id) or any(
                 idempotency.is_write_committed(table.metadata, w, planned_snapshot_id) for w in write_ids
             ):
+                producer.cleanup(committed_attempt=None)
                 return CommitOutcome(None, "committed concurrently", attempt + 1, stats)
             time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
             continue
+        producer.cleanup(committed_attempt=attempt)
         fault_point("after_commit", batch_id)
         log.info(
             "lakesink: committed snapshot %d (%s) batch=%s rows_in=%d rows_written=%d rows_deleted=%d "
@@ -138,7 +140,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: Optional[
             stats.index_seconds, stats.write_seconds, time.perf_counter() - started,
         )
         return CommitOutcome(snapshot.snapshot_id, None, attempt + 1, stats)
-    producer.cleanup()
+    producer.cleanup(committed_attempt=None)
     raise CommitError(f"could not commit to {plan.identifier} after {MAX_ATTEMPTS} attempts (concurrent writers)")
 
 

@@ -70,12 +70,15 @@ class SnapshotProducer:
         self._metadata_dir = metadata.properties.get("write.metadata.path", f"{metadata.location.rstrip('/')}/metadata")
         self._manifest_count = 0
         self._added_manifests: Optional[list[ManifestFile]] = None
-        self.written: list[str] = []  # every metadata file this producer wrote (for cleanup)
+        # Metadata files by the attempt that wrote them (-1: the added-file manifests,
+        # shared by every attempt), so a lost attempt's files can be removed.
+        self._written: dict[int, list[str]] = defaultdict(list)
+        self._attempt = -1
 
     def _manifest_location(self) -> str:
         self._manifest_count += 1
         location = f"{self._metadata_dir}/{self._commit_uuid}-m{self._manifest_count}.avro"
-        self.written.append(location)
+        self._written[self._attempt].append(location)
         return location
 
     def _write_added(self, metadata: TableMetadata) -> list[ManifestFile]:
@@ -155,7 +158,9 @@ class SnapshotProducer:
     def produce(self, metadata: TableMetadata, attempt: int, extra_summary: Mapping[str, str]) -> Snapshot:
         """Build the snapshot against `metadata` (the current table state)."""
         if self._added_manifests is None:
+            self._attempt = -1
             self._added_manifests = self._write_added(metadata)
+        self._attempt = attempt
         counts = ChangeCounts()
         for f in self._delta.added_data_files + self._delta.added_delete_files:
             counts.add(f, self._partition_path(metadata, f))
@@ -164,7 +169,7 @@ class SnapshotProducer:
         sequence_number = metadata.last_sequence_number + 1
         first_row_id = (metadata.next_row_id or 0) if metadata.format_version >= 3 else None
         list_location = f"{self._metadata_dir}/snap-{self.snapshot_id}-{attempt}-{self._commit_uuid}.avro"
-        self.written.append(list_location)
+        self._written[attempt].append(list_location)
         writer = ManifestListWriter(
             self._io,
             list_location,
@@ -189,10 +194,14 @@ class SnapshotProducer:
             added_rows=writer.added_rows,
         )
 
-    def cleanup(self, keep: Optional[str] = None) -> None:
-        """Delete the metadata files this producer wrote (after giving up), except `keep`."""
-        for location in self.written:
-            if location != keep:
+    def cleanup(self, committed_attempt: Optional[int]) -> None:
+        """Delete the metadata files no committed snapshot references: every attempt's
+        but the committed one's (and the shared added manifests when nothing committed)."""
+        for attempt, locations in self._written.items():
+            keep = committed_attempt is not None and attempt in (-1, committed_attempt)
+            if keep:
+                continue
+            for location in locations:
                 try:
                     self._io.delete(location)
                 except (FileNotFoundError, OSError):

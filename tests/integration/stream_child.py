@@ -1,0 +1,46 @@
+"""A streaming job in its own process, so a test can SIGKILL it mid-flight and restart it.
+
+usage: stream_child.py SOURCE CHECKPOINT WAREHOUSE TABLE [extra option=value ...]
+Runs the query with trigger(availableNow=True), one input file per micro-batch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+
+def main(source: str, checkpoint: str, warehouse: str, table: str, *extra: str) -> None:
+    from pyspark.sql import SparkSession
+
+    from lakesink_datasource import LakeSinkDataSource
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(LakeSinkDataSource)
+    writer = (
+        spark.readStream.schema("id long, name string").option("maxFilesPerTrigger", 1).parquet(source)
+        .writeStream.format("lakesink")
+        .option("checkpointLocation", checkpoint)
+        .option("warehouse", warehouse)
+        .option("table", table)
+    )
+    for item in extra:
+        key, value = item.split("=", 1)
+        writer = writer.option(key, value)
+    query = writer.trigger(availableNow=True).start()
+    query.awaitTermination()
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,88 @@
+"""Bad input fails before anything is written, names the culprit, and leaves the table as it was."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from lakesink_testing import current_snapshot_id, load
+
+
+def data_files_on_disk(warehouse: str) -> list[str]:
+    return sorted(str(p) for p in Path(warehouse).rglob("*.parquet"))
+
+
+@pytest.fixture
+def existing_table(spark, warehouse: str) -> str:
+    spark.createDataFrame([(1, "a")], "id long, name string").write.format("lakesink").option("warehouse", warehouse).mode("append").save("db.t")
+    return "db.t"
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"tabel": "db.t"}, "unknown option 'tabel'"),
+        ({"partition_by": "days(id"}, "partition_by"),
+        ({"partition_by": "bucket(x, id)"}, "partition_by"),
+        ({"partition_by": "days(nope)"}, "column 'nope'"),
+        ({"format_version": "7"}, "format_version"),
+        ({"target_file_size_bytes": "big"}, "target_file_size_bytes"),
+        ({"operation": "merge"}, "operation"),
+    ],
+)
+def test_bad_options_are_named_and_change_nothing(spark, warehouse: str, existing_table: str, options: dict, message: str) -> None:
+    before, files = current_snapshot_id(warehouse, existing_table), data_files_on_disk(warehouse)
+    writer = spark.createDataFrame([(2, "b")], "id long, name string").write.format("lakesink").option("warehouse", warehouse).option("table", existing_table)
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    with pytest.raises(Exception, match=message):
+        writer.mode("append").save()
+    assert current_snapshot_id(warehouse, existing_table) == before
+    assert data_files_on_disk(warehouse) == files
+
+
+def test_missing_table_option_is_named(spark, warehouse: str) -> None:
+    with pytest.raises(Exception, match="option 'table' is required"):
+        spark.createDataFrame([(1,)], "id long").write.format("lakesink").option("warehouse", warehouse).mode("append").save()
+    assert not os.path.exists(os.path.join(warehouse, "db"))
+
+
+def test_bad_partition_spec_does_not_create_the_table(spark, warehouse: str) -> None:
+    with pytest.raises(Exception, match="partition_by"):
+        spark.createDataFrame([(1,)], "id long").write.format("lakesink").option("warehouse", warehouse).option("partition_by", "hours(id)").mode("append").save("db.new")
+    with pytest.raises(Exception):
+        load(warehouse, "db.new")
+
+
+@pytest.mark.parametrize(
+    "ddl, message",
+    [
+        ("id string, name string", "column 'id' has type string"),
+        ("id long, name string, extra int", "column 'extra' is not in the table"),
+        ("name string", None),  # a missing optional column is fine: written as null
+    ],
+)
+def test_schema_mismatch_is_named_and_changes_nothing(spark, warehouse: str, existing_table: str, ddl: str, message) -> None:  # type: ignore[no-untyped-def]
+    before, files = current_snapshot_id(warehouse, existing_table), data_files_on_disk(warehouse)
+    df = spark.createDataFrame([tuple("x" if "string" in c else 1 for c in ddl.split(", "))], ddl)
+    write = lambda: df.write.format("lakesink").option("warehouse", warehouse).mode("append").save(existing_table)  # noqa: E731
+    if message is None:
+        write()
+        rows = load(warehouse, existing_table).scan().to_arrow().to_pylist()
+        assert {"id": None, "name": "x"} in rows
+        return
+    with pytest.raises(Exception, match=message):
+        write()
+    assert current_snapshot_id(warehouse, existing_table) == before
+    assert data_files_on_disk(warehouse) == files
+
+
+def test_type_we_cannot_store_is_named(spark, warehouse: str, existing_table: str) -> None:
+    before = current_snapshot_id(warehouse, existing_table)
+    df = spark.sql("SELECT 3L AS id, 'c' AS name, INTERVAL '1' DAY AS wait")
+    with pytest.raises(Exception, match="column 'wait' has type interval day"):
+        df.write.format("lakesink").option("warehouse", warehouse).mode("append").save("db.other")
+    with pytest.raises(Exception):
+        load(warehouse, "db.other")
+    assert current_snapshot_id(warehouse, existing_table) == before

@@ -1,0 +1,113 @@
+"""Exactly once across crashes: kill the job at each window that matters, restart, count rows.
+
+Each scenario runs the streaming job in a child process (its own JVM and Python workers,
+one process group) so a fault point can SIGKILL all of it, like a machine crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from lakesink_testing import assert_readers_see, expected_rows, load
+
+from lakesink_datasource.commit.idempotency import EPOCH_ID
+
+CHILD = str(Path(__file__).with_name("stream_child.py"))
+COLUMNS = ["id", "name"]
+pytestmark = pytest.mark.slow
+
+
+def make_source(folder: Path, batches: int, rows_per_batch: int) -> list[dict]:
+    folder.mkdir(parents=True)
+    everything = []
+    for b in range(batches):
+        rows = [{"id": b * 1000 + i, "name": f"b{b}-{i}"} for i in range(rows_per_batch)]
+        path = folder / f"{b:03d}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, schema=pa.schema([("id", pa.int64()), ("name", pa.string())])), path)
+        # The file source orders files by modification time: make batch b = file b.
+        os.utime(path, (1_700_000_000 + b * 10, 1_700_000_000 + b * 10))
+        everything += rows
+    return everything
+
+
+def run_child(tmp_path: Path, warehouse: str, faults: list[dict] | None) -> int:
+    env = dict(os.environ)
+    faults_file = tmp_path / "child-faults.json"
+    if faults is None:
+        env.pop("LAKESINK_FAULTS", None)
+    else:
+        faults_file.write_text(json.dumps(faults))
+        env["LAKESINK_FAULTS"] = str(faults_file)
+    proc = subprocess.run(
+        [sys.executable, CHILD, str(tmp_path / "source"), str(tmp_path / "checkpoint"), warehouse, "db.stream", "partition_by=bucket(2, id)"],
+        env=env,
+        start_new_session=True,  # its own process group: the fault kills the child's whole tree only
+        capture_output=True,
+        timeout=300,
+    )
+    return proc.returncode
+
+
+def epochs(warehouse: str) -> list[str]:
+    return [s.summary[EPOCH_ID] for s in load(warehouse, "db.stream").metadata.snapshots]
+
+
+def rows_of_batches(everything: list[dict], batches: range) -> Counter:
+    return expected_rows([r for r in everything if r["id"] // 1000 in batches], COLUMNS)
+
+
+def test_kill_after_iceberg_commit_before_spark_commit_log_replays_without_duplicates(tmp_path: Path, warehouse: str) -> None:
+    everything = make_source(tmp_path / "source", batches=4, rows_per_batch=25)
+    code = run_child(tmp_path, warehouse, [{"point": "after_commit", "batch": 1, "action": "kill"}])
+    assert code == -signal.SIGKILL
+    # Batch 1 reached the table, but Spark never logged it: it will run it again.
+    assert epochs(warehouse) == ["0", "1"]
+    assert_readers_see(warehouse, "db.stream", rows_of_batches(everything, range(2)), COLUMNS)
+
+    assert run_child(tmp_path, warehouse, None) == 0
+    assert_readers_see(warehouse, "db.stream", expected_rows(everything, COLUMNS), COLUMNS)
+    assert epochs(warehouse) == ["0", "1", "2", "3"]  # batch 1 replayed, not re-applied
+
+
+def test_kill_while_tasks_write_leaves_nothing_visible_and_restart_completes(tmp_path: Path, warehouse: str) -> None:
+    everything = make_source(tmp_path / "source", batches=3, rows_per_batch=25)
+    code = run_child(tmp_path, warehouse, [{"point": "task_files_written", "batch": 1, "action": "kill"}])
+    assert code == -signal.SIGKILL
+    assert epochs(warehouse) == ["0"]
+    assert_readers_see(warehouse, "db.stream", rows_of_batches(everything, range(1)), COLUMNS)
+
+    assert run_child(tmp_path, warehouse, None) == 0
+    assert_readers_see(warehouse, "db.stream", expected_rows(everything, COLUMNS), COLUMNS)
+    assert epochs(warehouse) == ["0", "1", "2"]
+
+
+def test_kill_before_commit_then_restart(tmp_path: Path, warehouse: str) -> None:
+    everything = make_source(tmp_path / "source", batches=3, rows_per_batch=25)
+    assert run_child(tmp_path, warehouse, [{"point": "before_commit", "batch": 2, "action": "kill"}]) == -signal.SIGKILL
+    assert epochs(warehouse) == ["0", "1"]
+    assert run_child(tmp_path, warehouse, None) == 0
+    assert_readers_see(warehouse, "db.stream", expected_rows(everything, COLUMNS), COLUMNS)
+    assert epochs(warehouse) == ["0", "1", "2"]
+
+
+def test_failed_task_aborts_the_batch_and_deletes_its_files(tmp_path: Path, warehouse: str) -> None:
+    everything = make_source(tmp_path / "source", batches=3, rows_per_batch=25)
+    code = run_child(tmp_path, warehouse, [{"point": "task_files_written", "batch": 1, "action": "raise"}])
+    assert code != 0
+    assert epochs(warehouse) == ["0"]
+    # Only batch 0's files remain: the failed batch's tasks and abort() removed theirs.
+    committed = {f.file_path.removeprefix("file://") for f in load(warehouse, "db.stream").scan().plan_files() for f in [f.file]}
+    on_disk = {str(p) for p in Path(warehouse).rglob("*.parquet")}
+    assert on_disk == committed
+
+    assert run_child(tmp_path, warehouse, None) == 0
+    assert_readers_see(warehouse, "db.stream", expected_rows(everything, COLUMNS), COLUMNS)
