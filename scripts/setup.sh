@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Idempotent set-up: a virtualenv in .venv with lakesink and its test dependencies.
+# Spark needs Java 17+ on PATH (the machine image has it; say so loudly if not).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v java >/dev/null 2>&1; then
+  echo "lakesink: Java 17+ is required by Spark (apt-get install -y openjdk-17-jre-headless)" >&2
+  exit 1
+fi
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e '.[test]'
