@@ -82,12 +82,31 @@ class _Partition:
     key: PartitionKey
     buffers: list[pa.Table] = field(default_factory=list)
     buffered_bytes: int = 0
-    next_file: int = 0
+    file_index: int = 0  # number of the file rows are currently assigned to
+    assigned_rows: int = 0  # rows assigned to that file (written + buffered)
+    path: Optional[str] = None  # that file's location, named once per file
     file: Optional[_OpenFile] = None
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a run of input rows lands: rows [offset, offset+rows) of the table given to
+    write() are rows [position, position+rows) of the data file at `path`."""
+
+    path: str
+    position: int
+    offset: int
+    rows: int
+
+
 class PartitionedParquetWriter:
-    """Writes partitioned Arrow tables to rolling Parquet files and describes them."""
+    """Writes partitioned Arrow tables to rolling Parquet files and describes them.
+
+    Rows get their final (file, position) when they are handed to write(), not when they are
+    flushed: keyed writes record those locations in the key index and in deletion vectors
+    while the rows are still buffered. File rolling is therefore decided at write() time from
+    the estimated size of what is assigned to the current file.
+    """
 
     def __init__(
         self,
@@ -149,28 +168,77 @@ class PartitionedParquetWriter:
     def open_files(self) -> int:
         return len(self._open)
 
-    def write(self, key: PartitionKey, table: pa.Table) -> None:
-        """Buffer rows of one partition; writes happen when buffers fill up."""
+    def write(self, key: PartitionKey, table: pa.Table) -> list[Placement]:
+        """Assign rows of one partition to files and buffer them; returns where they land."""
         if self._done:
             raise RuntimeError("writer is closed")
         if table.num_rows == 0:
-            return
+            return []
         if not table.schema.equals(self._arrow_schema):
             table = table.cast(self._arrow_schema)
         table = _unpin(table)
         part = self._partitions.get(key)
         if part is None:
             part = self._partitions[key] = _Partition(key)
+        placements = []
+        bytes_per_row = max(table.nbytes / table.num_rows, 1e-9)
+        offset = 0
+        while offset < table.num_rows:
+            room = self._room(part, bytes_per_row)
+            if room <= 0 and part.buffers:
+                # The estimate says full, but buffered rows are only an estimate: write them
+                # and decide from the real file size (at most one extra row group per file).
+                self._flush(part)
+                room = self._room(part, bytes_per_row)
+            if room <= 0:
+                self._roll(part)
+                continue
+            take = min(room, table.num_rows - offset)
+            chunk = table if take == table.num_rows else table.slice(offset, take)
+            placements.append(Placement(self._current_path(part), part.assigned_rows, offset, take))
+            part.assigned_rows += take
+            self._buffer(part, chunk)
+            offset += take
+        return placements
+
+    def _room(self, part: _Partition, bytes_per_row: float) -> int:
+        """Rows that still fit the current file, from the compression ratio seen so far.
+
+        A file with rows is considered full once less than _TAIL_FRACTION of the target is
+        left (estimates rarely land exactly on it); an empty file always takes rows.
+        """
+        ratio = max((part.file.ratio() if part.file else None) or self._ratio_hint, 1e-6)
+        on_disk = part.file.position if part.file else 0
+        estimated = on_disk + part.buffered_bytes * ratio
+        remaining = self._target - estimated
+        if part.assigned_rows > 0 and remaining < self._target * _TAIL_FRACTION:
+            return 0
+        return max(1, math.ceil(max(remaining, 1) / (ratio * bytes_per_row)))
+
+    def _current_path(self, part: _Partition) -> str:
+        if part.path is None:
+            part.path = self._path_for(part.key, part.file_index)
+        return part.path
+
+    def _buffer(self, part: _Partition, table: pa.Table) -> None:
         nbytes = table.nbytes
         part.buffers.append(table)
         part.buffered_bytes += nbytes
         self._buffered_bytes += nbytes
         self.peak_buffered_bytes = max(self.peak_buffered_bytes, self._buffered_bytes)
-
         if part.buffered_bytes >= self._row_group_bytes:
             self._flush(part)
         if self._buffered_bytes > self._buffer_limit:
             self._relieve_memory_pressure()
+
+    def _roll(self, part: _Partition) -> None:
+        """Finish the partition's current file; later rows go to the next one."""
+        self._flush(part)
+        if part.file is not None:
+            self._close_file(part)
+        part.file_index += 1
+        part.assigned_rows = 0
+        part.path = None
 
     def close(self) -> list[DataFileMessage]:
         """Write every buffer, close every file and return one message per file."""
@@ -221,39 +289,19 @@ class PartitionedParquetWriter:
             self._flush(part)
 
     def _flush(self, part: _Partition) -> None:
-        """Write a partition's buffer as row groups, rolling files at the target size."""
+        """Write a partition's buffer into its current file as row groups."""
         if not part.buffers:
             return
         table = pa.concat_tables(part.buffers)
         self._buffered_bytes -= part.buffered_bytes
         part.buffers, part.buffered_bytes = [], 0
-
+        file = part.file if part.file is not None else self._open_file(part)
         rows = table.num_rows
-        bytes_per_row = max(table.nbytes / rows, 1e-9)
         # Normally one row group; an oversized buffer (one huge input table) becomes several
         # row groups of between 1x and 2x row_group_bytes.
         group_rows = math.ceil(rows / max(1, table.nbytes // self._row_group_bytes))
-        offset = 0
-        while offset < rows:
-            file = self._file_with_room(part)
-            take = min(group_rows, rows - offset, self._rows_to_fill(file, bytes_per_row))
-            self._write_row_group(part, file, table.slice(offset, take))
-            offset += take
-            if file.position >= self._target:
-                self._close_file(part)
-
-    def _file_with_room(self, part: _Partition) -> _OpenFile:
-        file = part.file
-        if file is not None and file.rows > 0 and self._target - file.position < self._target * _TAIL_FRACTION:
-            self._close_file(part)
-            file = None
-        return file if file is not None else self._open_file(part)
-
-    def _rows_to_fill(self, file: _OpenFile, bytes_per_row: float) -> int:
-        """Rows expected to bring the file up to the target, from the compression ratio."""
-        remaining = max(self._target - file.position, 1)
-        ratio = file.ratio() or self._ratio_hint
-        return max(1, math.ceil(remaining / (max(ratio, 1e-6) * bytes_per_row)))
+        for offset in range(0, rows, group_rows):
+            self._write_row_group(part, file, table.slice(offset, group_rows))
 
     def _write_row_group(self, part: _Partition, file: _OpenFile, table: pa.Table) -> None:
         self._open.move_to_end(part.key)
@@ -268,10 +316,10 @@ class PartitionedParquetWriter:
     def _open_file(self, part: _Partition) -> _OpenFile:
         if self._max_open_files is not None:
             while len(self._open) >= self._max_open_files:
-                oldest = next(iter(self._open))
-                self._close_file(self._partitions[oldest])
-        path = self._path_for(part.key, part.next_file)
-        part.next_file += 1
+                # Evicting a file ends it: its partition's later rows go to a new file.
+                # (Its buffer is empty: buffers are only ever flushed into an open file.)
+                self._roll(self._partitions[next(iter(self._open))])
+        path = self._current_path(part)
         stream = self._io.new_output(path).create(overwrite=True)
         self._paths.append(path)
         try:

@@ -468,3 +468,26 @@ def test_count_nans_nested_and_chunked() -> None:
     assert counts[4] == sum(_is_nan(r["d"]) for r in rows)
     assert counts[13] == sum(r["st"] is not None and _is_nan(r["st"]["x"]) for r in rows)
     assert set(counts) == {3, 4, 13}
+
+
+@pytest.mark.parametrize("max_open_files", [None, 2])
+def test_placements_name_the_exact_file_and_row_position_of_every_row(tmp_path: Path, max_open_files: Optional[int]) -> None:
+    # Keyed writes record (file, position) for rows still in buffers, so write() must say
+    # exactly where each row will land, through rolls, flushes and evictions.
+    writer = _writer(tmp_path, target_file_size=48 * KiB, row_group_bytes=16 * KiB, buffer_limit_bytes=40 * KiB, max_open_files=max_open_files)
+    rng = np.random.default_rng(11)
+    claimed: dict[int, tuple[str, int]] = {}
+    for b in range(60):
+        batch = _simple_batch(rng, b * 300, 300)
+        key = (int(b % 4).to_bytes(4, "little"),)
+        for placement in writer.write(key, batch):
+            ids = batch["id"].to_pylist()[placement.offset : placement.offset + placement.rows]
+            for i, row_id in enumerate(ids):
+                claimed[row_id] = (placement.path, placement.position + i)
+    messages = writer.close()
+    assert len(messages) > 8  # rolling really happened
+    actual: dict[int, tuple[str, int]] = {}
+    for msg in messages:
+        for position, row_id in enumerate(pq.read_table(msg.path, columns=["id"])["id"].to_pylist()):
+            actual[row_id] = (msg.path, position)
+    assert actual == claimed
