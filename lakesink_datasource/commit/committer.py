@@ -18,15 +18,20 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table.metadata import TableMetadata
+from pyroaring import BitMap64
 from pyiceberg.table import Table
 from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate
 
 from lakesink_datasource import __version__
 from lakesink_datasource.catalog import loader
 from lakesink_datasource.commit import idempotency
-from lakesink_datasource.commit.data_files import data_file, deletion_vector_file
-from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
+from lakesink_datasource.commit.data_files import data_file
+from lakesink_datasource.commit.snapshot_producer import ConflictError, PendingDeletes, RowDelta, SnapshotProducer
+from lakesink_datasource.index.sync import HOSTS
+from lakesink_datasource.io.partitioning import decode_partition
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.write.messages import TaskResult, TaskStats
@@ -73,6 +78,45 @@ def _extra_summary(write_id: str, query_id: Optional[str], batch_id: Optional[in
     return extra
 
 
+def _merge_position_deletes(results: list[TaskResult], metadata: TableMetadata) -> dict[str, PendingDeletes]:
+    """One bitmap per data file: tasks of one batch may hide rows of the same file."""
+    merged: dict[str, PendingDeletes] = {}
+    for r in results:
+        for m in r.position_deletes:
+            positions = BitMap64.deserialize(m.positions)
+            pending = merged.get(m.data_file)
+            if pending is None:
+                spec = metadata.specs()[m.spec_id]
+                merged[m.data_file] = PendingDeletes(m.spec_id, decode_partition(spec, metadata.schema(), m.partition), positions)
+            else:
+                pending.positions |= positions
+    return merged
+
+
+def _refuse_keys_on_several_hosts(results: list[TaskResult]) -> None:
+    """Each host resolves keys against its own index: a key changed on two hosts in one
+    batch would be applied twice (two live rows). Refuse the batch instead."""
+    by_host: dict[str, list[np.ndarray]] = {}
+    for r in results:
+        if r.key_hashes:
+            by_host.setdefault(r.host, []).append(np.frombuffer(r.key_hashes, dtype="<u8"))
+    if len(by_host) < 2:
+        return
+    seen: Optional[np.ndarray] = None
+    for host, parts in sorted(by_host.items()):
+        keys = np.unique(np.concatenate(parts))
+        if seen is not None:
+            shared = np.intersect1d(seen, keys, assume_unique=True)
+            if len(shared):
+                raise CommitError(
+                    f"{len(shared)} key(s) of this batch reached more than one host ({', '.join(sorted(by_host))}); "
+                    "keyed writes on several hosts need input clustered by key: df.repartition(n, *primary_key)"
+                )
+            seen = np.union1d(seen, keys)
+        else:
+            seen = keys
+
+
 def _commit_once(table: Table, snapshot_parent: Optional[int], snapshot) -> None:  # type: ignore[no-untyped-def]
     table.catalog.commit_table(
         table,
@@ -103,20 +147,29 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: Optional[
         )
 
     metadata = table.metadata
+    _refuse_keys_on_several_hosts(results)
     delta = RowDelta(
         added_data_files=[data_file(m, metadata) for r in results for m in r.data_files],
-        added_delete_files=[deletion_vector_file(m, metadata) for r in results for m in r.deletion_vectors],
+        position_deletes=_merge_position_deletes(results, metadata),
         replace_all=plan.overwrite,
+        planned_snapshot_id=planned_snapshot_id,
     )
     if delta.is_empty:
         return CommitOutcome(None, "nothing to commit", 0, stats)
 
     producer = SnapshotProducer(table.io, metadata, delta)
     extra = _extra_summary(min(write_ids), query_id, batch_id, stats)
+    hosts = sorted({r.host for r in results if r.host})
+    if hosts:
+        extra[HOSTS] = ",".join(hosts)
     for attempt in range(MAX_ATTEMPTS):
         fault_point("before_commit", batch_id)
         current = table.metadata.current_snapshot()
-        snapshot = producer.produce(table.metadata, attempt, extra)
+        try:
+            snapshot = producer.produce(table.metadata, attempt, extra)
+        except ConflictError as exc:
+            producer.cleanup(committed_attempt=None)
+            raise CommitError(str(exc)) from exc
         try:
             _commit_once(table, current.snapshot_id if current else None, snapshot)
         except CommitFailedException as exc:
@@ -158,7 +211,7 @@ def abort_write(plan: WritePlan, results: list[TaskResult], batch_id: Optional[i
         return []
     deleted = []
     for r in results:
-        for path in [m.path for m in r.data_files] + sorted({m.puffin_path for m in r.deletion_vectors}):
+        for path in [m.path for m in r.data_files]:
             try:
                 table.io.delete(path)
                 deleted.append(path)

@@ -16,10 +16,22 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 from pyiceberg.io import FileIO
-from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+)
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 
+from pyiceberg.typedef import Record
+from pyroaring import BitMap64
+
+from lakesink_datasource import __version__
 from lakesink_datasource.commit.manifests import (
     ManifestListWriter,
     read_entries,
@@ -28,6 +40,18 @@ from lakesink_datasource.commit.manifests import (
     write_manifest,
 )
 from lakesink_datasource.commit.summary import ChangeCounts, build_summary
+from lakesink_datasource.deletes.puffin import PuffinWriter
+
+
+def _snapshots_since(metadata: TableMetadata, since: Optional[int]) -> list[Snapshot]:
+    from lakesink_datasource.commit.idempotency import ancestors
+
+    out = []
+    for snapshot in ancestors(metadata):
+        if snapshot.snapshot_id == since:
+            break
+        out.append(snapshot)
+    return out
 
 
 def new_snapshot_id() -> int:
@@ -37,28 +61,44 @@ def new_snapshot_id() -> int:
 
 
 @dataclass
+class PendingDeletes:
+    """Positions to hide in one data file, before merging with the file's live DV."""
+
+    spec_id: int
+    partition: Record
+    positions: BitMap64
+
+
+@dataclass
 class RowDelta:
     """What one commit changes. Data files and DVs are added; `replace_all` removes every
-    live file first (overwrite); a DV added for a data file replaces that file's live DV."""
+    live file first (overwrite); a DV added for a data file replaces that file's live DV.
+
+    `position_deletes` are turned into DVs per attempt, merged with the live DV of their
+    data file in that attempt's base, so a DV another writer added meanwhile is merged, not
+    dropped. `added_delete_files` are ready-made DVs (they replace the file's live DV as is).
+    """
 
     added_data_files: list[DataFile] = field(default_factory=list)
     added_delete_files: list[DataFile] = field(default_factory=list)
+    position_deletes: dict[str, PendingDeletes] = field(default_factory=dict)
     replace_all: bool = False
-
-    @property
-    def dv_targets(self) -> set[str]:
-        return {p for p in (referenced_data_file(f) for f in self.added_delete_files) if p is not None}
+    planned_snapshot_id: Optional[int] = None  # the state tasks resolved positions against
 
     @property
     def is_empty(self) -> bool:
-        return not self.added_data_files and not self.added_delete_files and not self.replace_all
+        return not (self.added_data_files or self.added_delete_files or self.position_deletes or self.replace_all)
 
     def operation(self) -> Operation:
         if self.replace_all:
             return Operation.OVERWRITE
-        if self.added_delete_files:
+        if self.added_delete_files or self.position_deletes:
             return Operation.OVERWRITE if self.added_data_files else Operation.DELETE
         return Operation.APPEND
+
+
+class ConflictError(RuntimeError):
+    """The table changed underneath a batch in a way its deletes cannot be applied to."""
 
 
 class SnapshotProducer:
@@ -124,12 +164,11 @@ class SnapshotProducer:
             deleted=deleted,
         )
 
-    def _carry_over(self, metadata: TableMetadata, counts: ChangeCounts) -> list[ManifestFile]:
+    def _carry_over(self, metadata: TableMetadata, counts: ChangeCounts, targets: set[str]) -> list[ManifestFile]:
         """The base's manifests as they stand after this delta's removals."""
         parent = metadata.current_snapshot()
         if parent is None:
             return []
-        targets = self._delta.dv_targets
         kept: list[ManifestFile] = []
         for manifest in read_manifest_list(self._io, parent.manifest_list):
             if self._delta.replace_all:
@@ -151,6 +190,78 @@ class SnapshotProducer:
             kept.append(manifest)
         return kept
 
+    def _deletion_vectors(self, metadata: TableMetadata) -> tuple[list[DataFile], list[ManifestFile]]:
+        """This attempt's DVs: pending positions merged with each file's live DV in the base,
+        written into one Puffin file, plus the delete manifests that add them."""
+        pending = self._delta.position_deletes
+        if not pending:
+            return [], []
+        from lakesink_datasource.table.live_files import live_deletion_vectors, read_deletion_vector
+
+        self._check_targets_still_live(metadata, set(pending))
+        live = live_deletion_vectors(self._io, metadata.current_snapshot())
+        writer = PuffinWriter()
+        merged: list[tuple[str, PendingDeletes, int]] = []
+        for path in sorted(pending):
+            positions = BitMap64(pending[path].positions)
+            old = live.get(path)
+            if old is not None:
+                positions |= read_deletion_vector(self._io, old.data_file)
+            merged.append((path, pending[path], len(positions)))
+            writer.add_deletion_vector(path, positions)
+        data = writer.finish(created_by=f"lakesink {__version__}")
+        location = f"{self._data_dir(metadata)}/{self._commit_uuid}-{self._attempt}-deletes.puffin"
+        with self._io.new_output(location).create(overwrite=True) as out:
+            out.write(data)
+        self._written[self._attempt].append(location)
+        dvs = []
+        for (path, deletes, cardinality), ref in zip(merged, writer.refs):
+            f = DataFile.from_args(
+                _table_format_version=3, content=DataFileContent.POSITION_DELETES, file_path=location,
+                file_format=FileFormat.PUFFIN, partition=deletes.partition, record_count=cardinality,
+                file_size_in_bytes=len(data), column_sizes=None, value_counts=None, null_value_counts=None,
+                nan_value_counts=None, lower_bounds=None, upper_bounds=None, key_metadata=None, split_offsets=None,
+                equality_ids=None, sort_order_id=None, first_row_id=None, referenced_data_file=path,
+                content_offset=ref.offset, content_size_in_bytes=ref.length,
+            )
+            f.spec_id = deletes.spec_id
+            dvs.append(f)
+        by_spec: dict[int, list[DataFile]] = defaultdict(list)
+        for f in dvs:
+            by_spec[f.spec_id].append(f)
+        manifests = [
+            write_manifest(
+                self._io, self._manifest_location(), spec=metadata.specs()[spec_id], schema=metadata.schema(),
+                snapshot_id=self.snapshot_id, format_version=metadata.format_version,
+                content=ManifestContent.DELETES, added=files,
+            )
+            for spec_id, files in by_spec.items()
+        ]
+        return dvs, manifests
+
+    def _check_targets_still_live(self, metadata: TableMetadata, targets: set[str]) -> None:
+        """Fail when a data file this batch deletes from was removed after the batch was
+        planned (a compaction moved its rows: the positions no longer mean those rows)."""
+        added_here = {f.file_path for f in self._delta.added_data_files}
+        for snapshot in _snapshots_since(metadata, self._delta.planned_snapshot_id):
+            for manifest in read_manifest_list(self._io, snapshot.manifest_list):
+                if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
+                    continue
+                if not manifest.deleted_files_count:
+                    continue
+                for entry in read_entries(self._io, manifest, live_only=False):
+                    path = entry.data_file.file_path
+                    if entry.status == ManifestEntryStatus.DELETED and path in targets and path not in added_here:
+                        raise ConflictError(
+                            f"data file {path} was removed by snapshot {snapshot.snapshot_id} "
+                            f"({snapshot.summary.operation.value if snapshot.summary else '?'}) after this batch was "
+                            "planned; the batch must be replanned (restart the query: it replays the batch)"
+                        )
+
+    @staticmethod
+    def _data_dir(metadata: TableMetadata) -> str:
+        return metadata.properties.get("write.data.path", f"{metadata.location.rstrip('/')}/data")
+
     @staticmethod
     def _partition_path(metadata: TableMetadata, f: DataFile) -> str:
         return metadata.specs()[f.spec_id].partition_to_path(f.partition, metadata.schema())
@@ -162,9 +273,11 @@ class SnapshotProducer:
             self._added_manifests = self._write_added(metadata)
         self._attempt = attempt
         counts = ChangeCounts()
-        for f in self._delta.added_data_files + self._delta.added_delete_files:
+        dvs, dv_manifests = self._deletion_vectors(metadata)
+        for f in self._delta.added_data_files + self._delta.added_delete_files + dvs:
             counts.add(f, self._partition_path(metadata, f))
-        carried = self._carry_over(metadata, counts)
+        targets = {p for p in (referenced_data_file(f) for f in self._delta.added_delete_files + dvs) if p is not None}
+        carried = self._carry_over(metadata, counts, targets)
         parent = metadata.current_snapshot()
         sequence_number = metadata.last_sequence_number + 1
         first_row_id = (metadata.next_row_id or 0) if metadata.format_version >= 3 else None
@@ -179,7 +292,7 @@ class SnapshotProducer:
             sequence_number=sequence_number,
             first_row_id=first_row_id,
         )
-        writer.write(self._added_manifests + carried)
+        writer.write(self._added_manifests + dv_manifests + carried)
         previous = parent.summary.additional_properties if parent and parent.summary else None
         properties = build_summary(counts, previous if parent else None, extra_summary)
         return Snapshot(

@@ -68,19 +68,41 @@ class PartitionSplitter:
             return []
         if self._all_void:
             return [((None,) * len(self._plans), table)]
+        groups = self._group(table)
+        if len(groups[0]) == 1:
+            return [(groups[0][0], table)]
+        keys, order, starts, counts = groups
+        # One take, then zero-copy slices.
+        grouped = table.take(pa.array(order))
+        return [(key, grouped.slice(int(s), int(c))) for key, s, c in zip(keys, starts, counts)]
 
+    def split_rows(self, batch: Union[pa.RecordBatch, pa.Table]) -> list[tuple[PartitionKey, np.ndarray]]:
+        """Like split(), but each group is the row indices (int64, input order) of its rows:
+        keyed writes need to know which input row lands where."""
+        table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+        everything = np.arange(table.num_rows, dtype=np.int64)
+        if table.num_rows == 0:
+            return []
+        if not self._plans:
+            return [((), everything)]
+        if self._all_void:
+            return [((None,) * len(self._plans), everything)]
+        groups = self._group(table)
+        if len(groups[0]) == 1:
+            return [(groups[0][0], everything)]
+        keys, order, starts, counts = groups
+        return [(key, order[int(s) : int(s) + int(c)]) for key, s, c in zip(keys, starts, counts)]
+
+    def _group(self, table: pa.Table) -> tuple[list[PartitionKey], np.ndarray, np.ndarray, np.ndarray]:
+        """Partition keys, and the row order (stable: input order within a group) with each
+        group's start and length in it."""
         columns = [self._partition_column(table, i) for i in range(len(self._plans))]
         group_of_row, first_rows = _group_rows(columns)
         keys = self._keys(columns, first_rows)
-        if len(keys) == 1:
-            return [(keys[0], table)]
-
-        # A stable sort keeps input order within each group; one take, then zero-copy slices.
-        order = np.argsort(group_of_row, kind="stable")
-        grouped = table.take(pa.array(order))
+        order = np.argsort(group_of_row, kind="stable").astype(np.int64)
         counts = np.bincount(group_of_row, minlength=len(keys))
         starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        return [(key, grouped.slice(int(s), int(c))) for key, s, c in zip(keys, starts, counts)]
+        return keys, order, starts, counts
 
     def _partition_column(self, table: pa.Table, index: int) -> pa.Array:
         """The partition values of one field for every row, as internal (integer) Arrow values."""
@@ -111,6 +133,12 @@ def decode_partition(spec: PartitionSpec, schema: Schema, key: PartitionKey) -> 
     if len(fields) != len(key):
         raise ValueError(f"Partition key has {len(key)} values, spec {spec.spec_id} has {len(fields)} fields")
     return Record(*[None if b is None else _from_bytes(f.field_type, b) for f, b in zip(fields, key)])
+
+
+def encode_partition(spec: PartitionSpec, schema: Schema, record: Record) -> PartitionKey:
+    """A manifest's partition Record -> the serialized key tasks and messages use."""
+    fields = spec.partition_type(schema).fields
+    return tuple(None if record[i] is None else _to_bytes(f.field_type, record[i]) for i, f in enumerate(fields))  # type: ignore[arg-type]
 
 
 def partition_path(spec: PartitionSpec, schema: Schema, key: PartitionKey) -> str:

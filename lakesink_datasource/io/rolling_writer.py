@@ -168,8 +168,13 @@ class PartitionedParquetWriter:
     def open_files(self) -> int:
         return len(self._open)
 
-    def write(self, key: PartitionKey, table: pa.Table) -> list[Placement]:
-        """Assign rows of one partition to files and buffer them; returns where they land."""
+    def write(self, key: PartitionKey, table: pa.Table, flush: bool = True) -> list[Placement]:
+        """Assign rows of one partition to files and buffer them; returns where they land.
+
+        With flush=False full buffers are not written yet (call flush_pending() later): a
+        keyed write assigns rows while holding the host's index lock and encodes Parquet
+        after releasing it.
+        """
         if self._done:
             raise RuntimeError("writer is closed")
         if table.num_rows == 0:
@@ -197,9 +202,17 @@ class PartitionedParquetWriter:
             chunk = table if take == table.num_rows else table.slice(offset, take)
             placements.append(Placement(self._current_path(part), part.assigned_rows, offset, take))
             part.assigned_rows += take
-            self._buffer(part, chunk)
+            self._buffer(part, chunk, flush)
             offset += take
         return placements
+
+    def flush_pending(self) -> None:
+        """Do the row-group writes that write(..., flush=False) deferred."""
+        for part in list(self._partitions.values()):
+            if part.buffered_bytes >= self._row_group_bytes:
+                self._flush(part)
+        if self._buffered_bytes > self._buffer_limit:
+            self._relieve_memory_pressure()
 
     def _room(self, part: _Partition, bytes_per_row: float) -> int:
         """Rows that still fit the current file, from the compression ratio seen so far.
@@ -220,12 +233,14 @@ class PartitionedParquetWriter:
             part.path = self._path_for(part.key, part.file_index)
         return part.path
 
-    def _buffer(self, part: _Partition, table: pa.Table) -> None:
+    def _buffer(self, part: _Partition, table: pa.Table, flush: bool = True) -> None:
         nbytes = table.nbytes
         part.buffers.append(table)
         part.buffered_bytes += nbytes
         self._buffered_bytes += nbytes
         self.peak_buffered_bytes = max(self.peak_buffered_bytes, self._buffered_bytes)
+        if not flush:
+            return
         if part.buffered_bytes >= self._row_group_bytes:
             self._flush(part)
         if self._buffered_bytes > self._buffer_limit:

@@ -15,6 +15,16 @@ from lakesink_datasource.catalog.loader import CatalogConfig
 from lakesink_datasource.options import WriteOptions
 
 
+class KeyedPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """Column roles of a keyed write, by DataFrame name (sources) and table name."""
+
+    key_sources: tuple[str, ...]
+    op_source: Optional[str]
+    sequence_source: Optional[str]
+    table_key_columns: tuple[str, ...]
+    table_sequence_column: Optional[str]  # None when the sequence is not stored in the table
+
+
 class WritePlan(msgspec.Struct, frozen=True, kw_only=True):
     write_id: str  # unique per planned write; recorded in the snapshot summary
     options: WriteOptions
@@ -26,3 +36,4 @@ class WritePlan(msgspec.Struct, frozen=True, kw_only=True):
     overwrite: bool
     column_sources: list[Optional[str]]  # per table column, the DataFrame column feeding it
     planned_snapshot_id: Optional[int]
+    keyed: Optional[KeyedPlan] = None

@@ -16,10 +16,12 @@ from pyiceberg.table import Table
 from pyspark.sql.types import StructType
 
 from lakesink_datasource.catalog import loader
-from lakesink_datasource.options import OptionError, WriteOptions
-from lakesink_datasource.schema.spark_types import column_mapping, spark_to_iceberg_schema
+from pyiceberg.types import DoubleType, FloatType, PrimitiveType
+
+from lakesink_datasource.options import KEYED_OPERATIONS, OptionError, WriteOptions
+from lakesink_datasource.schema.spark_types import SchemaError, column_mapping, spark_to_iceberg_schema
 from lakesink_datasource.table.partition_spec import parse_partition_spec
-from lakesink_datasource.table.plan import WritePlan
+from lakesink_datasource.table.plan import KeyedPlan, WritePlan
 
 
 def load_table(catalog: Catalog, identifier: str) -> Optional[Table]:
@@ -29,8 +31,16 @@ def load_table(catalog: Catalog, identifier: str) -> Optional[Table]:
         return None
 
 
+def _stored_columns(options: WriteOptions, spark_schema: StructType) -> StructType:
+    """The DataFrame columns that become table columns (the cdc op column is not stored)."""
+    if options.op_column is None:
+        return spark_schema
+    return StructType([f for f in spark_schema.fields if f.name.lower() != options.op_column.lower()])
+
+
 def create_table(catalog: Catalog, options: WriteOptions, spark_schema: StructType) -> Table:
-    schema = spark_to_iceberg_schema(spark_schema)
+    # A keyed table gets its primary key as Iceberg identifier fields (required columns).
+    schema = spark_to_iceberg_schema(_stored_columns(options, spark_schema), options.primary_key or ())
     spec = parse_partition_spec(options.partition_by, schema)
     namespace = options.table.rsplit(".", 1)[0]
     try:
@@ -57,16 +67,86 @@ def resolve_table(options: WriteOptions, spark_schema: StructType, *, create: bo
     return table
 
 
+def _find(struct: StructType, name: str) -> Optional[str]:
+    return next((f.name for f in struct.fields if f.name.lower() == name.lower()), None)
+
+
+def _check_keyed_options(options: WriteOptions, spark_schema: StructType, overwrite: bool) -> None:
+    """Keyed option checks that need no table (so they run before one is created)."""
+    keyed = options.operation in KEYED_OPERATIONS
+    if not keyed:
+        for name in ("primary_key", "op_column", "sequence_column"):
+            if getattr(options, name) is not None:
+                raise OptionError(f"option '{name}' only applies to keyed operations (upsert, cdc, dedupe)")
+        return
+    if overwrite:
+        raise OptionError(
+            f"option 'operation' = {options.operation!r} needs append: overwrite (and complete output mode) "
+            "replaces the whole table, which leaves nothing to resolve keys against"
+        )
+    if options.operation == "cdc" and options.op_column is None:
+        raise OptionError("operation 'cdc' needs option 'op_column' (the column saying c/r/u/d per row)")
+    if options.operation != "cdc" and options.op_column is not None:
+        raise OptionError(f"option 'op_column' only applies to operation 'cdc', not {options.operation!r}")
+    for name in ("op_column", "sequence_column"):
+        column = getattr(options, name)
+        if column is not None and _find(spark_schema, column) is None:
+            raise SchemaError(f"option '{name}': column '{column}' is not in the DataFrame")
+    for column in options.primary_key or ():
+        if _find(spark_schema, column) is None:
+            raise SchemaError(f"primary key column '{column}' is missing from the DataFrame")
+
+
+def _plan_keys(options: WriteOptions, spark_schema: StructType, table: Table) -> Optional[KeyedPlan]:
+    if options.operation not in KEYED_OPERATIONS:
+        return None
+    schema = table.schema()
+    identifier = tuple(schema.find_column_name(i) or "" for i in sorted(schema.identifier_field_ids))
+    key = options.primary_key or identifier
+    if not key:
+        raise OptionError(
+            f"operation {options.operation!r} needs option 'primary_key' (the table {options.table} has no identifier fields)"
+        )
+    if options.primary_key and identifier and [c.lower() for c in options.primary_key] != [c.lower() for c in identifier]:
+        raise OptionError(
+            f"option 'primary_key' ({', '.join(options.primary_key)}) does not match the table's identifier fields "
+            f"({', '.join(identifier)})"
+        )
+    table_key = []
+    for column in key:
+        field = next((f for f in schema.fields if f.name.lower() == column.lower()), None)
+        if field is None:
+            raise SchemaError(f"primary key column '{column}' is not a top-level column of the table")
+        if not isinstance(field.field_type, PrimitiveType) or isinstance(field.field_type, (FloatType, DoubleType)):
+            raise SchemaError(f"primary key column '{column}' has type {field.field_type}, which cannot be a key")
+        table_key.append(field.name)
+    sources = []
+    for column in table_key:
+        source = _find(spark_schema, column)
+        if source is None:
+            raise SchemaError(f"primary key column '{column}' is missing from the DataFrame")
+        sources.append(source)
+    sequence = options.sequence_column
+    table_sequence = next((f.name for f in schema.fields if sequence and f.name.lower() == sequence.lower()), None)
+    return KeyedPlan(
+        key_sources=tuple(sources),
+        op_source=_find(spark_schema, options.op_column) if options.op_column else None,
+        sequence_source=_find(spark_schema, sequence) if sequence else None,
+        table_key_columns=tuple(table_key),
+        table_sequence_column=table_sequence,
+    )
+
+
 def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool) -> WritePlan:
-    if options.operation != "append":
-        raise OptionError(f"option 'operation' = {options.operation!r} is not available yet in this version (use 'append')")
     # Validate everything that does not need the table first, so a bad option never
     # creates a table as a side effect.
-    probe = spark_to_iceberg_schema(spark_schema)
+    _check_keyed_options(options, spark_schema, overwrite)
+    probe = spark_to_iceberg_schema(_stored_columns(options, spark_schema), options.primary_key or ())
     parse_partition_spec(options.partition_by, probe)
     table = resolve_table(options, spark_schema)
     assert table is not None
-    sources = column_mapping(spark_schema, table.schema())
+    keyed = _plan_keys(options, spark_schema, table)
+    sources = column_mapping(spark_schema, table.schema(), ignore=(options.op_column,) if options.op_column else ())
     current = table.metadata.current_snapshot()
     return WritePlan(
         write_id=uuid.uuid4().hex,
@@ -79,4 +159,5 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
         overwrite=overwrite,
         column_sources=sources,
         planned_snapshot_id=current.snapshot_id if current else None,
+        keyed=keyed,
     )

@@ -36,8 +36,19 @@ class DataFileMessage(msgspec.Struct, array_like=True, frozen=True):
     split_offsets: list[int]
 
 
+class PositionDeletesMessage(msgspec.Struct, array_like=True, frozen=True):
+    """Row positions a task hides in one data file (keyed writes): a portable Roaring64
+    bitmap. The commit merges these across tasks and with the file's live DV, then writes
+    the deletion vectors, so that a data file never ends up with two DVs."""
+
+    data_file: str
+    spec_id: int
+    partition: tuple[PartitionValue, ...]
+    positions: bytes  # pyroaring BitMap64.serialize()
+
+
 class DeletionVectorMessage(msgspec.Struct, array_like=True, frozen=True):
-    """A deletion vector blob a task wrote into a Puffin file (keyed writes)."""
+    """A deletion vector blob written into a Puffin file (by the commit)."""
 
     puffin_path: str
     puffin_size_in_bytes: int
@@ -73,8 +84,12 @@ class TaskResult(msgspec.Struct, frozen=True):
     planned_snapshot_id: Optional[int]
     skipped: bool = False  # the batch was already committed: the task wrote nothing
     data_files: list[DataFileMessage] = []
-    deletion_vectors: list[DeletionVectorMessage] = []
+    position_deletes: list[PositionDeletesMessage] = []
     stats: TaskStats = TaskStats()
+    host: str = ""
+    # Keyed writes: sorted unique 64-bit hashes of the keys the task touched, so the commit
+    # can refuse a batch whose key reached two hosts (their indexes cannot agree).
+    key_hashes: bytes = b""
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -21,6 +21,7 @@ from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
 from lakesink_datasource.schema.arrow_align import BatchAligner, table_arrow_schema
 from lakesink_datasource.table import metadata_cache
 from lakesink_datasource.table.plan import WritePlan
+from lakesink_datasource.write.keyed import KeyedWriter
 from lakesink_datasource.write.messages import LakeSinkCommitMessage, TaskResult, TaskStats
 
 
@@ -113,10 +114,17 @@ def write_task(
     )
     rows_in = 0
     partition_seconds = write_seconds = 0.0
+    keyed: Optional[KeyedWriter] = None
     try:
+        if plan.keyed is not None:
+            keyed = KeyedWriter(plan, metadata, io, writer, splitter, aligner, partition_id=who.partition_id, attempt=who.attempt)
         for batch in batches:
             rows_in += batch.num_rows
             t0 = time.perf_counter()
+            if keyed is not None:
+                keyed.write(batch)
+                write_seconds += time.perf_counter() - t0
+                continue
             groups = splitter.split(aligner.align(batch))
             t1 = time.perf_counter()
             for key, rows in groups:
@@ -130,11 +138,18 @@ def write_task(
     except BaseException:
         writer.abort()
         raise
+    index_seconds = keyed.index_seconds if keyed else 0.0
     stats = TaskStats(
         rows_in=rows_in,
         rows_written=sum(f.record_count for f in files),
+        rows_deleted=keyed.rows_deleted if keyed else 0,
         bytes_written=sum(f.file_size_in_bytes for f in files),
         partition_seconds=partition_seconds,
-        write_seconds=write_seconds,
+        index_seconds=index_seconds,
+        write_seconds=max(0.0, write_seconds - index_seconds),
     )
-    return result(data_files=files, stats=stats)
+    if keyed is None:
+        return result(data_files=files, stats=stats)
+    return result(
+        data_files=files, stats=stats, position_deletes=keyed.position_deletes(), host=keyed.host, key_hashes=keyed.key_hashes()
+    )

@@ -1,0 +1,201 @@
+"""Bring a host's key index to the table state a batch was planned against.
+
+The index is a cache of the table, never the source of truth. It records the snapshot it
+reflects (`IndexState`); changes of a batch in flight are kept under undo tokens
+`<write id>/<host>/<task>/<attempt>` until the table shows whether that batch committed.
+Before a task uses the index (under the host lock, so once per host and batch):
+
+1. tokens of an earlier attempt of this very task are rolled back (a retried task must not
+   see its failed attempt's rows);
+2. walking the snapshots between the index's state and the planned one: a lakesink
+   snapshot whose changes were all made on this host commits its tokens; a plain append by
+   another writer is indexed incrementally (its new files are read); anything else (a
+   compaction, another writer's deletes, a multi-host batch, expired history, a different
+   table, no index at all) rebuilds the index from the planned snapshot;
+3. tokens of writes that never reached the table are rolled back (undo);
+4. the state becomes the planned snapshot.
+Deleting the index directory is therefore always safe: the next task rebuilds it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFile
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import Operation, Snapshot
+
+from lakesink_datasource.commit.idempotency import WRITE_ID, ancestors
+from lakesink_datasource.index.file_refs import FileRef, encode_ref
+from lakesink_datasource.index.key_encoding import encode_keys
+from lakesink_datasource.index.key_index import IndexState, KeyIndex, Location
+from lakesink_datasource.io.partitioning import encode_partition
+from lakesink_datasource.table.live_files import live_data_files, live_deletion_vectors, read_deletion_vector
+
+log = logging.getLogger("lakesink")
+
+HOSTS = "lakesink.hosts"  # summary key: hosts whose tasks contributed to a keyed batch
+_REBUILD_TOKEN = "rebuild"
+
+
+def host_name() -> str:
+    return socket.gethostname()
+
+
+def default_index_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "lakesink", "index")
+
+
+def token_for(write_id: str, host: str, partition_id: int, attempt: int) -> str:
+    return f"{write_id}/{host}/{partition_id}/{attempt}"
+
+
+def _write_of(token: str) -> str:
+    return token.split("/", 1)[0]
+
+
+@dataclass(frozen=True)
+class KeyColumns:
+    """Which table columns form the key and the sequence (as stored in data files)."""
+
+    key: tuple[str, ...]
+    sequence: Optional[str]  # None when no sequence column, or it is not stored in the table
+
+
+def index_files(
+    index: KeyIndex, io: FileIO, metadata: TableMetadata, files: Sequence[tuple[DataFile, int]], columns: KeyColumns, token: str
+) -> int:
+    """Index every live row of `files` ((data file, data sequence number) pairs), oldest
+    data first so a newer row of a key wins; positions hidden by a live DV are skipped."""
+    dvs = live_deletion_vectors(io, metadata.current_snapshot())
+    schema = metadata.schema()
+    indexed = 0
+    for data_file, _seq in sorted(files, key=lambda fs: fs[1]):
+        read = list(columns.key) + ([columns.sequence] if columns.sequence else [])
+        with io.new_input(data_file.file_path).open() as stream:
+            table = pq.read_table(stream, columns=read)
+        positions = np.arange(table.num_rows, dtype=np.int64)
+        dv = dvs.get(data_file.file_path)
+        if dv is not None:
+            deleted = np.fromiter(read_deletion_vector(io, dv.data_file), dtype=np.int64)
+            keep = ~np.isin(positions, deleted)
+            table, positions = table.filter(pa.array(keep)), positions[keep]
+        if table.num_rows == 0:
+            continue
+        keys = encode_keys([table.column(c) for c in columns.key], names=list(columns.key))
+        sequences = encode_keys([table.column(columns.sequence)]) if columns.sequence else [None] * len(keys)
+        spec = metadata.specs()[data_file.spec_id]
+        ref = FileRef(data_file.file_path, data_file.spec_id, encode_partition(spec, schema, data_file.partition))
+        ordinal = index.file_ordinal(encode_ref(ref))
+        index.apply(token, [(k, Location(ordinal, int(p), s)) for k, p, s in zip(keys, positions, sequences)], [])
+        indexed += len(keys)
+    return indexed
+
+
+def rebuild(index: KeyIndex, io: FileIO, metadata: TableMetadata, columns: KeyColumns) -> None:
+    snapshot = metadata.current_snapshot()
+    index.clear()
+    entries = live_data_files(io, snapshot)
+    rows = index_files(index, io, metadata, [(e.data_file, e.sequence_number or 0) for e in entries], columns, _REBUILD_TOKEN)
+    index.commit_tokens([_REBUILD_TOKEN], _state(metadata, snapshot))
+    log.info("lakesink: rebuilt key index %s from snapshot %s: %d keys from %d files", index.path, snapshot and snapshot.snapshot_id, rows, len(entries))
+
+
+def _state(metadata: TableMetadata, snapshot: Optional[Snapshot]) -> IndexState:
+    return IndexState(table_uuid=str(metadata.table_uuid), snapshot_id=snapshot.snapshot_id if snapshot else None)
+
+
+def _path_since(metadata: TableMetadata, since: Optional[int]) -> Optional[list[Snapshot]]:
+    """Snapshots after `since` up to the current one, oldest first (None: not an ancestor)."""
+    path: list[Snapshot] = []
+    for snapshot in ancestors(metadata):
+        if snapshot.snapshot_id == since:
+            return list(reversed(path))
+        path.append(snapshot)
+    return list(reversed(path)) if since is None else None
+
+
+def _added_files(io: FileIO, metadata: TableMetadata, snapshot: Snapshot) -> list[tuple[DataFile, int]]:
+    from lakesink_datasource.commit.manifests import read_entries, read_manifest_list
+    from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
+
+    out = []
+    for manifest in read_manifest_list(io, snapshot.manifest_list):
+        if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
+            continue
+        for entry in read_entries(io, manifest):
+            if entry.status == ManifestEntryStatus.ADDED:
+                out.append((entry.data_file, entry.sequence_number or 0))
+    return out
+
+
+def sync(
+    index: KeyIndex,
+    io: FileIO,
+    metadata: TableMetadata,
+    columns: KeyColumns,
+    *,
+    write_id: str,
+    host: str,
+    partition_id: int,
+    attempt: int,
+) -> None:
+    """Make `index` reflect `metadata`'s current snapshot plus the current write's own tokens."""
+    target = metadata.current_snapshot()
+    pending = index.pending_tokens()
+    mine = token_for(write_id, host, partition_id, attempt)
+    stale_attempts = [t for t in pending if t != mine and t.startswith(f"{write_id}/{host}/{partition_id}/")]
+    if stale_attempts:
+        index.rollback_tokens(stale_attempts)
+    state = index.get_state()
+    if state is not None and state.table_uuid == str(metadata.table_uuid) and state.snapshot_id == (target and target.snapshot_id):
+        _rollback_uncommitted(index, write_id, committed=set())
+        return
+    path = _path_since(metadata, state.snapshot_id) if state and state.table_uuid == str(metadata.table_uuid) else None
+    if path is None:
+        _rollback_uncommitted(index, write_id, committed=set())
+        rebuild(index, io, metadata, columns)
+        return
+    # Tokens of writes absent from the table's history never committed: undo them first, so
+    # catch-up below works on committed state only.
+    _rollback_uncommitted(index, write_id, committed=_committed_writes(path))
+    pending = index.pending_tokens()
+    for snapshot in path:
+        summary = snapshot.summary
+        props = summary.additional_properties if summary else {}
+        snapshot_write = props.get(WRITE_ID)
+        tokens = [t for t in pending if _write_of(t) == snapshot_write]
+        hosts = set(filter(None, props.get(HOSTS, "").split(",")))
+        if tokens and hosts <= {host}:
+            index.commit_tokens(tokens)  # every change of that batch is already in this index
+            continue
+        if summary is not None and summary.operation == Operation.APPEND and not tokens:
+            # Rows appended by anyone else (another writer, lakesink tasks on other hosts):
+            # index the new files incrementally.
+            token = f"catchup-{snapshot.snapshot_id}"
+            index_files(index, io, metadata, _added_files(io, metadata, snapshot), columns, token)
+            index.commit_tokens([token])
+            continue
+        rebuild(index, io, metadata, columns)
+        return
+    index.set_state(_state(metadata, target))
+
+
+def _committed_writes(path: Iterable[Snapshot]) -> set[str]:
+    return {s.summary.additional_properties[WRITE_ID] for s in path if s.summary and WRITE_ID in s.summary.additional_properties}
+
+
+def _rollback_uncommitted(index: KeyIndex, current_write: str, committed: set[str]) -> None:
+    """Undo tokens of writes that are neither the current one nor known to be committed."""
+    doomed = [t for t in index.pending_tokens() if _write_of(t) not in committed and _write_of(t) != current_write]
+    if doomed:
+        index.rollback_tokens(doomed)

@@ -1,0 +1,54 @@
+"""The live files of a snapshot, read with lakesink's v3-aware manifest reader."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntry
+from pyiceberg.table.snapshots import Snapshot
+from pyroaring import BitMap64
+
+from lakesink_datasource.commit.manifests import (
+    content_offset,
+    content_size_in_bytes,
+    is_deletion_vector,
+    read_entries,
+    read_manifest_list,
+    referenced_data_file,
+)
+from lakesink_datasource.deletes.puffin import read_blob
+
+
+def live_entries(io: FileIO, snapshot: Optional[Snapshot], content: ManifestContent) -> list[ManifestEntry]:
+    if snapshot is None:
+        return []
+    out: list[ManifestEntry] = []
+    for manifest in read_manifest_list(io, snapshot.manifest_list):
+        if manifest.content == content:
+            out.extend(read_entries(io, manifest))
+    return out
+
+
+def live_data_files(io: FileIO, snapshot: Optional[Snapshot]) -> list[ManifestEntry]:
+    return [e for e in live_entries(io, snapshot, ManifestContent.DATA) if e.data_file.content == DataFileContent.DATA]
+
+
+def live_deletion_vectors(io: FileIO, snapshot: Optional[Snapshot]) -> dict[str, ManifestEntry]:
+    """Live DV entries keyed by the data file they reference (at most one per file)."""
+    out: dict[str, ManifestEntry] = {}
+    for entry in live_entries(io, snapshot, ManifestContent.DELETES):
+        target = referenced_data_file(entry.data_file)
+        if is_deletion_vector(entry.data_file) and target is not None:
+            out[target] = entry
+    return out
+
+
+def read_deletion_vector(io: FileIO, dv: DataFile) -> BitMap64:
+    """Read one DV blob by the manifest's offset and length (never the Puffin footer)."""
+    offset, length = content_offset(dv), content_size_in_bytes(dv)
+    assert offset is not None and length is not None, f"DV entry {dv.file_path} lacks content_offset/size"
+    with io.new_input(dv.file_path).open() as stream:
+        stream.seek(offset)
+        blob = stream.read(length)
+    return read_blob(blob, 0, length, dv.record_count)

@@ -1,0 +1,182 @@
+"""Keyed writes on the executor: upsert, cdc and dedupe through the host's key index.
+
+Per Arrow batch: resolve one change per key (`changes.py`), then, holding the host lock,
+look the keys up in the LMDB index, decide each change against what the index says, hand
+the surviving rows to the rolling writer (which names each row's final file and position)
+and record the new locations under this task's undo token. Replaced and deleted rows
+become positions in `hidden`, per data file; the commit turns them into deletion vectors.
+
+Decision per key (the model: live rows are a map key -> latest row):
+- older sequence than the indexed one: ignored (a late change never overwrites newer data);
+- dedupe: inserted only when no live row has the key;
+- write (upsert, cdc c/r/u): the live row, if any, is hidden; the row is written;
+- delete (cdc): the live row, if any, is hidden; with a sequence column a tombstone keeps
+  the delete's sequence so an older late change cannot resurrect the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections import defaultdict
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+from pyiceberg.io import FileIO
+from pyiceberg.table.metadata import TableMetadata
+from pyroaring import BitMap64
+
+from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
+from lakesink_datasource.index.host_lock import host_lock
+from lakesink_datasource.index.key_index import KeyIndex, Location, open_index
+from lakesink_datasource.index.sync import KeyColumns, default_index_dir, host_name, sync, token_for
+from lakesink_datasource.io.partitioning import PartitionSplitter
+from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
+from lakesink_datasource.schema.arrow_align import BatchAligner
+from lakesink_datasource.table.plan import WritePlan
+from lakesink_datasource.write.changes import resolve_changes
+from lakesink_datasource.write.messages import PositionDeletesMessage
+
+TOMBSTONE = 0xFFFF_FFFF  # file ordinal of a deleted key that remembers its sequence
+
+
+def index_location(plan: WritePlan, metadata: TableMetadata) -> str:
+    return os.path.join(plan.options.index_dir or default_index_dir(), str(metadata.table_uuid))
+
+
+class KeyedWriter:
+    def __init__(
+        self,
+        plan: WritePlan,
+        metadata: TableMetadata,
+        io: FileIO,
+        writer: PartitionedParquetWriter,
+        splitter: PartitionSplitter,
+        aligner: BatchAligner,
+        *,
+        partition_id: int,
+        attempt: int,
+    ):
+        assert plan.keyed is not None
+        self._plan = plan
+        self._keyed = plan.keyed
+        self._writer = writer
+        self._splitter = splitter
+        self._aligner = aligner
+        self._spec_id = metadata.spec().spec_id
+        self.host = host_name()
+        path = index_location(plan, metadata)
+        os.makedirs(path, exist_ok=True)
+        self._lock_path = os.path.join(path, "writers.lock")
+        self._index: KeyIndex = open_index(path)
+        self._token = token_for(plan.write_id, self.host, partition_id, attempt)
+        started = time.perf_counter()
+        with host_lock(self._lock_path):
+            sync(
+                self._index, io, metadata,
+                KeyColumns(self._keyed.table_key_columns, self._keyed.table_sequence_column),
+                write_id=plan.write_id, host=self.host, partition_id=partition_id, attempt=attempt,
+            )
+        self.index_seconds = time.perf_counter() - started
+        self._ordinals: dict[str, int] = {}  # encoded FileRef -> ordinal (this task's new files)
+        self._hidden: dict[int, list[np.ndarray]] = defaultdict(list)  # ordinal -> positions
+        self._hashes: list[np.ndarray] = []
+        self.rows_deleted = 0
+        self.rows_ignored = 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        keyed = self._keyed
+        changes = resolve_changes(
+            batch, keyed.key_sources,
+            op_column=keyed.op_source, delete_ops=self._plan.options.delete_ops, sequence_column=keyed.sequence_source,
+        )
+        if not changes.keys:
+            return
+        self._hashes.append(_hashes(changes.keys))
+        rows = self._aligner.align(batch.take(pa.array(changes.rows)))
+        started = time.perf_counter()
+        with host_lock(self._lock_path):
+            existing = self._index.lookup(changes.keys)
+            write_mask, puts, deletes = self._decide(changes.keys, changes.is_delete, changes.sequences, existing)
+            if write_mask.any():
+                puts += self._place(rows.filter(pa.array(write_mask)), [k for k, w in zip(changes.keys, write_mask) if w],
+                                    [s for s, w in zip(changes.sequences, write_mask) if w] if changes.sequences else None)
+            self._index.apply(self._token, puts, deletes)
+        self.index_seconds += time.perf_counter() - started
+        self._writer.flush_pending()  # Parquet encoding outside the lock
+
+    def _decide(
+        self, keys: list[bytes], is_delete: np.ndarray, sequences: Optional[list[bytes]], existing: list[Optional[Location]]
+    ) -> tuple[np.ndarray, list[tuple[bytes, Location]], list[bytes]]:
+        dedupe = self._plan.options.operation == "dedupe"
+        write_mask = np.zeros(len(keys), dtype=bool)
+        puts: list[tuple[bytes, Location]] = []
+        deletes: list[bytes] = []
+        hide_ordinals: list[int] = []
+        hide_positions: list[int] = []
+        for i, (key, loc) in enumerate(zip(keys, existing)):
+            seq = sequences[i] if sequences is not None else None
+            if loc is not None and seq is not None and loc.sequence is not None and loc.sequence > seq:
+                self.rows_ignored += 1  # a late, older change
+                continue
+            live = loc is not None and loc.file_ordinal != TOMBSTONE
+            if dedupe:
+                if live:
+                    self.rows_ignored += 1
+                else:
+                    write_mask[i] = True
+                continue
+            if live:
+                hide_ordinals.append(loc.file_ordinal)  # type: ignore[union-attr]
+                hide_positions.append(loc.position)  # type: ignore[union-attr]
+            if is_delete[i]:
+                self.rows_deleted += int(live)
+                if seq is not None:
+                    puts.append((key, Location(TOMBSTONE, 0, seq)))
+                elif live:
+                    deletes.append(key)
+            else:
+                write_mask[i] = True
+        if hide_ordinals:
+            ordinals, positions = np.asarray(hide_ordinals, dtype=np.int64), np.asarray(hide_positions, dtype=np.int64)
+            for ordinal in np.unique(ordinals):
+                self._hidden[int(ordinal)].append(positions[ordinals == ordinal])
+        return write_mask, puts, deletes
+
+    def _place(self, rows: pa.Table, keys: list[bytes], sequences: Optional[list[bytes]]) -> list[tuple[bytes, Location]]:
+        """Write rows and return the index entries pointing at their files and positions."""
+        puts: list[tuple[bytes, Location]] = []
+        for partition, indices in self._splitter.split_rows(rows):
+            part_rows = rows.take(pa.array(indices)) if len(indices) != rows.num_rows else rows
+            for placement in self._writer.write(partition, part_rows, flush=False):
+                ordinal = self._ordinal(FileRef(placement.path, self._spec_id, partition))
+                for j in range(placement.rows):
+                    row = int(indices[placement.offset + j])
+                    puts.append((keys[row], Location(ordinal, placement.position + j, sequences[row] if sequences else None)))
+        return puts
+
+    def _ordinal(self, ref: FileRef) -> int:
+        encoded = encode_ref(ref)
+        ordinal = self._ordinals.get(encoded)
+        if ordinal is None:
+            ordinal = self._ordinals[encoded] = self._index.file_ordinal(encoded)
+        return ordinal
+
+    def position_deletes(self) -> list[PositionDeletesMessage]:
+        out = []
+        for ordinal, chunks in self._hidden.items():
+            ref = decode_ref(self._index.file_path(ordinal))
+            bitmap = BitMap64(np.concatenate(chunks).astype(np.uint64))
+            out.append(PositionDeletesMessage(ref.path, ref.spec_id, ref.partition, bitmap.serialize()))
+        return out
+
+    def key_hashes(self) -> bytes:
+        if not self._hashes:
+            return b""
+        return np.unique(np.concatenate(self._hashes)).astype("<u8").tobytes()
+
+
+def _hashes(keys: list[bytes]) -> np.ndarray:
+    return np.fromiter((int.from_bytes(hashlib.blake2b(k, digest_size=8).digest(), "little") for k in keys), dtype=np.uint64, count=len(keys))
