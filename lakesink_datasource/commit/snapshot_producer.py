@@ -190,6 +190,10 @@ class SnapshotProducer:
             kept.append(manifest)
         return kept
 
+    def _replaced_dv_targets(self, added_dvs: list[DataFile]) -> set[str]:
+        """Data files whose live DV this commit replaces: every file it adds a DV for."""
+        return {p for p in (referenced_data_file(f) for f in added_dvs) if p is not None}
+
     def _deletion_vectors(self, metadata: TableMetadata) -> tuple[list[DataFile], list[ManifestFile]]:
         """This attempt's DVs: pending positions merged with each file's live DV in the base,
         written into one Puffin file, plus the delete manifests that add them."""
@@ -276,8 +280,7 @@ class SnapshotProducer:
         dvs, dv_manifests = self._deletion_vectors(metadata)
         for f in self._delta.added_data_files + self._delta.added_delete_files + dvs:
             counts.add(f, self._partition_path(metadata, f))
-        targets = {p for p in (referenced_data_file(f) for f in self._delta.added_delete_files + dvs) if p is not None}
-        carried = self._carry_over(metadata, counts, targets)
+        carried = self._carry_over(metadata, counts, self._replaced_dv_targets(self._delta.added_delete_files + dvs))
         parent = metadata.current_snapshot()
         sequence_number = metadata.last_sequence_number + 1
         first_row_id = (metadata.next_row_id or 0) if metadata.format_version >= 3 else None

@@ -39,7 +39,7 @@ def make_source(folder: Path, batches: int, rows_per_batch: int) -> list[dict]:
     return everything
 
 
-def run_child(tmp_path: Path, warehouse: str, faults: list[dict] | None) -> int:
+def run_child(tmp_path: Path, warehouse: str, faults: list[dict] | None, extra: tuple[str, ...] = ()) -> int:
     env = dict(os.environ)
     faults_file = tmp_path / "child-faults.json"
     if faults is None:
@@ -48,7 +48,7 @@ def run_child(tmp_path: Path, warehouse: str, faults: list[dict] | None) -> int:
         faults_file.write_text(json.dumps(faults))
         env["LAKESINK_FAULTS"] = str(faults_file)
     proc = subprocess.run(
-        [sys.executable, CHILD, str(tmp_path / "source"), str(tmp_path / "checkpoint"), warehouse, "db.stream", "partition_by=bucket(2, id)"],
+        [sys.executable, CHILD, str(tmp_path / "source"), str(tmp_path / "checkpoint"), warehouse, "db.stream", "partition_by=bucket(2, id)", *extra],
         env=env,
         start_new_session=True,  # its own process group: the fault kills the child's whole tree only
         capture_output=True,
@@ -111,3 +111,52 @@ def test_failed_task_aborts_the_batch_and_deletes_its_files(tmp_path: Path, ware
 
     assert run_child(tmp_path, warehouse, None) == 0
     assert_readers_see(warehouse, "db.stream", expected_rows(everything, COLUMNS), COLUMNS)
+
+
+# --- keyed batches -------------------------------------------------------------------------
+
+
+def make_keyed_source(folder: Path, batches: int) -> list[list[dict]]:
+    """Each batch overlaps the previous one by 15 keys, so most batches update rows."""
+    folder.mkdir(parents=True)
+    out = []
+    for b in range(batches):
+        rows = [{"id": i, "name": f"b{b}-{i}"} for i in range(b * 10, b * 10 + 25)]
+        path = folder / f"{b:03d}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, schema=pa.schema([("id", pa.int64()), ("name", pa.string())])), path)
+        os.utime(path, (1_700_000_000 + b * 10, 1_700_000_000 + b * 10))
+        out.append(rows)
+    return out
+
+
+def upsert_model(batches: list[list[dict]]) -> Counter:
+    live: dict[int, dict] = {}
+    for batch in batches:
+        for row in batch:
+            live[row["id"]] = row
+    return expected_rows(list(live.values()), COLUMNS)
+
+
+@pytest.mark.parametrize(
+    "fault, batches_visible_after_crash",
+    [
+        ({"point": "after_commit", "batch": 1, "action": "kill"}, 2),
+        ({"point": "task_files_written", "batch": 1, "action": "kill"}, 1),
+        ({"point": "task_files_written", "batch": 1, "action": "raise"}, 1),
+    ],
+    ids=["kill-after-commit", "kill-during-task-writes", "task-failure-abort"],
+)
+def test_keyed_upserts_survive_crashes_and_the_index_recovers(tmp_path: Path, warehouse: str, fault: dict, batches_visible_after_crash: int) -> None:
+    from lakesink_datasource.check import check_table
+
+    batches = make_keyed_source(tmp_path / "source", batches=4)
+    keyed = ("operation=upsert", "primary_key=id", f"index_dir={tmp_path / 'index'}")
+    code = run_child(tmp_path, warehouse, [fault], keyed)
+    assert code != 0
+    assert_readers_see(warehouse, "db.stream", upsert_model(batches[:batches_visible_after_crash]), COLUMNS)
+
+    # Restart with the same checkpoint and index directory: no manual step.
+    assert run_child(tmp_path, warehouse, None, keyed) == 0
+    assert_readers_see(warehouse, "db.stream", upsert_model(batches), COLUMNS)
+    assert epochs(warehouse) == ["0", "1", "2", "3"]
+    assert check_table(load(warehouse, "db.stream")) == []

@@ -16,14 +16,17 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from pyroaring import BitMap64
+from lakesink_testing import embedded_catalog
 from pyspark.sql import types as T
 
 from lakesink_datasource.check import main
 from lakesink_datasource.commit.committer import commit_write
-from lakesink_datasource.deletes.puffin import DVBlobRef, PuffinWriter
+from lakesink_datasource.deletes.puffin import DVBlobRef
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.table.setup import plan_write
-from lakesink_datasource.write.messages import DeletionVectorMessage, TaskResult, decode_messages
+from lakesink_datasource.commit.manifests import content_offset, content_size_in_bytes
+from lakesink_datasource.table.live_files import live_deletion_vectors
+from lakesink_datasource.write.messages import PositionDeletesMessage, TaskResult, decode_messages
 from lakesink_datasource.write.task import TaskIdentity, write_task
 
 IDENT = "db.t"
@@ -38,25 +41,21 @@ def _table_with_dv(warehouse: str) -> tuple[Path, DVBlobRef]:
     results = decode_messages([write_task(plan, iter([batch]), who=TaskIdentity())])
     assert commit_write(plan, results, None).snapshot_id is not None
 
+    # A second write that hides rows 1 and 3 of the first data file: the commit turns the
+    # positions into a deletion vector in a Puffin file.
     target = results[0].data_files[0]
-    writer = PuffinWriter()
-    ref = writer.add_deletion_vector(target.path, BitMap64([1, 3]))
-    data = writer.finish()
-    puffin = Path(warehouse) / "db" / "t" / "data" / "dv.puffin"
-    puffin.write_bytes(data)
-    dv = DeletionVectorMessage(
-        puffin_path=f"file://{puffin}", puffin_size_in_bytes=len(data), referenced_data_file=target.path,
-        spec_id=target.spec_id, partition=target.partition, cardinality=ref.cardinality,
-        content_offset=ref.offset, content_size_in_bytes=ref.length,
-    )
     plan = plan_write(opts, SPARK_SCHEMA, overwrite=False)
     delete = TaskResult(
         write_id=plan.write_id, query_id=None, batch_id=None, partition_id=0, attempt=0,
         planned_metadata_location=plan.metadata_location, planned_snapshot_id=plan.planned_snapshot_id,
-        deletion_vectors=[dv],
+        position_deletes=[PositionDeletesMessage(target.path, target.spec_id, target.partition, BitMap64([1, 3]).serialize())],
     )
     assert commit_write(plan, [delete], None).snapshot_id is not None
-    return puffin, ref
+    table = embedded_catalog(warehouse).load_table(IDENT)
+    (dv,) = live_deletion_vectors(table.io, table.metadata.current_snapshot()).values()
+    ref = DVBlobRef(target.path, content_offset(dv.data_file), content_size_in_bytes(dv.data_file), dv.data_file.record_count)
+    assert ref.cardinality == 2
+    return Path(dv.data_file.file_path.removeprefix("file://")), ref
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -245,10 +245,12 @@ def _duckdb_lineage(table: Table) -> list[tuple[str, int, int, int, int]]:
     ).fetchall()
 
 
-def _commit_delta(wh: str, delta: RowDelta, extra: Optional[dict[str, str]] = None) -> Snapshot:
+def _commit_delta(
+    wh: str, delta: RowDelta, extra: Optional[dict[str, str]] = None, producer_class: type[SnapshotProducer] = SnapshotProducer
+) -> Snapshot:
     """Commit a hand-built RowDelta the way commit_write does (CAS on main), single attempt."""
     table = load(wh, IDENT)
-    producer = SnapshotProducer(table.io, table.metadata, delta)
+    producer = producer_class(table.io, table.metadata, delta)
     snapshot = producer.produce(table.metadata, 0, extra or {})
     parent = table.metadata.current_snapshot()
     table.catalog.commit_table(
@@ -750,11 +752,10 @@ def test_deletion_vector_commit_and_replacement(warehouse: str) -> None:
     assert check_table(table) == []
 
 
-class _NoReplaceRowDelta(RowDelta):
+class _NoReplaceProducer(SnapshotProducer):
     """A broken writer: adds a DV without removing the file's live one."""
 
-    @property
-    def dv_targets(self) -> set[str]:
+    def _replaced_dv_targets(self, added_dvs: list) -> set[str]:  # type: ignore[override]
         return set()
 
 
@@ -766,7 +767,7 @@ def test_check_table_reports_two_live_dvs_for_one_data_file(warehouse: str) -> N
     _commit_delta(warehouse, RowDelta(added_delete_files=[deletion_vector_file(msg1, table.metadata)]))
     table = load(warehouse, IDENT)
     msg2, _ = _write_dv(table, target, [0, 1], "dv-b")
-    _commit_delta(warehouse, _NoReplaceRowDelta(added_delete_files=[deletion_vector_file(msg2, table.metadata)]))
+    _commit_delta(warehouse, RowDelta(added_delete_files=[deletion_vector_file(msg2, table.metadata)]), producer_class=_NoReplaceProducer)
     violations = check_table(load(warehouse, IDENT))
     assert len(violations) == 1, violations
     assert f"data file {target.path} has 2 live DVs" in violations[0]

@@ -1,0 +1,304 @@
+"""A reference model of keyed writes (upsert / cdc / dedupe) and a Spark-free driver.
+
+The model is the contract the keyed property tests hold lakesink to: the live rows are a
+map key -> latest row.
+
+* upsert: insert or replace; cdc: op c/r/u writes the row, d deletes the key (a no-op on
+  the live rows when it is absent); dedupe: insert only when the key is absent.
+* Inside ONE Arrow batch several rows of a key collapse first to one winner: the highest
+  sequence (ties: the later row), or the last row without a sequence column. The winner is
+  then applied like a single change (so dedupe keeps the *last* duplicate of one Arrow
+  batch, but the *first* arrival across Arrow batches: that is what lakesink implements,
+  see `write/changes.py` + `write/keyed.py`).
+* Arrival order: micro-batches in order, inside a batch the tasks in the order the driver
+  runs them (the host lock serialises them), inside a task its Arrow batches in order.
+* With a sequence column a change older than what the key last saw (a live row's or a
+  delete's sequence) is ignored; equal sequences: the later arrival wins. A delete leaves
+  a tombstone holding its sequence, even when the key was absent.
+
+The driver runs plan_write -> write_task (one call per task) -> commit_write exactly like
+Spark's driver/executors do, against a fresh warehouse and index directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Optional, Sequence
+
+import pyarrow as pa
+from lakesink_testing import duckdb_connection, expected_rows, load, pyiceberg_rows, rows
+from pyspark.sql import types as T
+
+from lakesink_datasource.catalog import loader
+from lakesink_datasource.check import check_table
+from lakesink_datasource.commit.committer import CommitOutcome, commit_write
+from lakesink_datasource.index import key_index
+from lakesink_datasource.options import parse_options
+from lakesink_datasource.table.plan import WritePlan
+from lakesink_datasource.table.setup import plan_write
+from lakesink_datasource.write.messages import LakeSinkCommitMessage, decode_messages
+from lakesink_datasource.write.task import TaskIdentity, write_task
+
+IDENT = "db.k"
+QUERY = "q"
+BASE_TS = datetime(2024, 3, 1, tzinfo=timezone.utc)
+WRITE_OPS = ("c", "r", "u")
+
+
+@dataclass(frozen=True)
+class Config:
+    operation: str  # upsert | cdc | dedupe
+    partition_by: Optional[str] = None
+    sequence: bool = False
+
+    @property
+    def columns(self) -> list[str]:
+        """The table columns readers are compared on (the op column is not stored)."""
+        return ["id", "v", "ts"] + (["seq"] if self.sequence else [])
+
+    def __str__(self) -> str:
+        return f"{self.operation}/{self.partition_by or 'unpartitioned'}/{'seq' if self.sequence else 'noseq'}"
+
+
+def spark_schema(config: Config) -> T.StructType:
+    fields = [T.StructField("id", T.LongType()), T.StructField("v", T.StringType()), T.StructField("ts", T.TimestampType())]
+    if config.sequence:
+        fields.append(T.StructField("seq", T.LongType()))
+    if config.operation == "cdc":
+        fields.append(T.StructField("op", T.StringType()))
+    return T.StructType(fields)
+
+
+def arrow_schema(config: Config) -> pa.Schema:
+    fields = [("id", pa.int64()), ("v", pa.string()), ("ts", pa.timestamp("us", tz="UTC"))]
+    if config.sequence:
+        fields.append(("seq", pa.int64()))
+    if config.operation == "cdc":
+        fields.append(("op", pa.string()))
+    return pa.schema(fields)
+
+
+# --------------------------------------------------------------------------- the input
+
+
+@dataclass(frozen=True)
+class Change:
+    """One input row before labelling. `day` None means a null timestamp."""
+
+    id: int
+    op: str = "u"  # cdc: c/r/u/d; upsert and dedupe ignore it
+    seq: Optional[int] = None
+    day: Optional[int] = 0
+    hour: int = 0
+    bare: bool = False  # a delete row carrying only key (+ sequence)
+
+
+# batch -> task -> Arrow batch -> rows
+Task = list[list[Change]]
+Batch = list[Task]
+
+
+def record(config: Config, change: Change, label: str) -> dict:
+    """The input row as a dict (v is a unique label, so the winning row is visible)."""
+    is_delete = config.operation == "cdc" and change.op == "d"
+    bare = is_delete and change.bare
+    ts = None if (bare or change.day is None) else BASE_TS + timedelta(days=change.day, hours=change.hour)
+    row = {"id": change.id, "v": None if bare else label, "ts": ts}
+    if config.sequence:
+        row["seq"] = change.seq if change.seq is not None else 0
+    if config.operation == "cdc":
+        row["op"] = change.op
+    return row
+
+
+def label_batches(config: Config, batches: Sequence[Batch], tag: str = "") -> list[list[list[list[dict]]]]:
+    return [
+        [
+            [[record(config, c, f"{tag}b{b}t{t}a{a}r{r}") for r, c in enumerate(rows)] for a, rows in enumerate(task)]
+            for t, task in enumerate(batch)
+        ]
+        for b, batch in enumerate(batches)
+    ]
+
+
+def in_order_sequences(batches: Sequence[Batch]) -> list[Batch]:
+    """The same changes with sequences increasing in arrival order (no late data)."""
+    counter = iter(range(1, 1 << 30))
+    return [
+        [[[Change(c.id, c.op, next(counter), c.day, c.hour, c.bare) for c in rows] for rows in task] for task in batch]
+        for batch in batches
+    ]
+
+
+def to_arrow(config: Config, rows: list[dict]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(rows, schema=arrow_schema(config))
+
+
+# --------------------------------------------------------------------------- the model
+
+
+@dataclass
+class Model:
+    config: Config
+    live: dict[int, dict] = field(default_factory=dict)  # key -> stored row (no op column)
+    seen: dict[int, int] = field(default_factory=dict)  # key -> sequence of its latest change (live or tombstone)
+
+    def copy(self) -> "Model":
+        return Model(self.config, dict(self.live), dict(self.seen))
+
+    def apply_task(self, task: list[list[dict]]) -> None:
+        for arrow_rows in task:
+            self.apply_arrow_batch(arrow_rows)
+
+    def apply_batch(self, batch: list[list[list[dict]]]) -> None:
+        for task in batch:
+            self.apply_task(task)
+
+    def apply_arrow_batch(self, rows: list[dict]) -> None:
+        winners: dict[int, dict] = {}
+        for row in rows:  # input order: a later row replaces an equal-or-lower sequence
+            best = winners.get(row["id"])
+            if best is None or not self.config.sequence or row["seq"] >= best["seq"]:
+                winners[row["id"]] = row
+        for row in winners.values():
+            self._apply(row)
+
+    def _apply(self, row: dict) -> None:
+        key = row["id"]
+        seq = row.get("seq") if self.config.sequence else None
+        if seq is not None and key in self.seen and self.seen[key] > seq:
+            return  # late, older change
+        stored = {c: row[c] for c in self.config.columns}
+        if self.config.operation == "dedupe":
+            if key not in self.live:
+                self.live[key] = stored
+                self._saw(key, seq)
+            return
+        if self.config.operation == "cdc" and row["op"] == "d":
+            self.live.pop(key, None)
+            self._saw(key, seq)
+            return
+        self.live[key] = stored
+        self._saw(key, seq)
+
+    def _saw(self, key: int, seq: Optional[int]) -> None:
+        if seq is not None:
+            self.seen[key] = seq
+
+    def forget_tombstones(self) -> None:
+        """What an index rebuilt from the table knows: sequences of live rows only."""
+        self.seen = {k: s for k, s in self.seen.items() if k in self.live}
+
+    def expected(self) -> Counter:
+        return expected_rows(list(self.live.values()), self.config.columns)
+
+
+# --------------------------------------------------------------------------- the driver
+
+_duckdb = None
+
+
+def duckdb_rows(metadata_location: str, columns: Sequence[str]) -> Counter:
+    """`lakesink_testing.duckdb_rows` on one shared connection: loading the iceberg and
+    avro extensions costs ~0.25 s, more than the scan of these small tables."""
+    global _duckdb
+    if _duckdb is None:
+        _duckdb = duckdb_connection()
+        _duckdb.execute("SET enable_external_file_cache = false")
+    cols = ", ".join(f'"{c}"' for c in columns)
+    return rows(_duckdb.execute(f"SELECT {cols} FROM iceberg_scan('{metadata_location}')").to_arrow_table(), columns)
+
+
+class Harness:
+    """One fresh warehouse + index directory, driven like Spark would (without Spark)."""
+
+    def __init__(self, config: Config, *, root: Optional[str] = None):
+        self.config = config
+        self.root = root or tempfile.mkdtemp(prefix="lakesink-keyed-")
+        self.warehouse = os.path.join(self.root, "warehouse")
+        self.index_dir = os.path.join(self.root, "index")
+        raw = {
+            "table": IDENT,
+            "warehouse": self.warehouse,
+            "operation": config.operation,
+            "primary_key": "id",
+            "index_dir": self.index_dir,
+        }
+        if config.operation == "cdc":
+            raw["op_column"] = "op"
+        if config.sequence:
+            raw["sequence_column"] = "seq"
+        if config.partition_by:
+            raw["partition_by"] = config.partition_by
+        self.options = parse_options(raw)
+        self.schema = spark_schema(config)
+
+    def __enter__(self) -> "Harness":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def plan(self) -> WritePlan:
+        return plan_write(self.options, self.schema, overwrite=False)
+
+    def write(
+        self, plan: WritePlan, task: list[list[dict]], batch_id: int, *, partition_id: int, attempt: int = 0
+    ) -> LakeSinkCommitMessage:
+        batches = [to_arrow(self.config, rows) for rows in task]
+        who = TaskIdentity(partition_id=partition_id, attempt=attempt, batch_id=batch_id, query_id=QUERY)
+        return write_task(plan, iter(batches), who=who)
+
+    def commit(self, plan: WritePlan, messages: list, batch_id: int) -> CommitOutcome:
+        return commit_write(plan, decode_messages(messages), batch_id)
+
+    def run_batch(self, batch: list[list[list[dict]]], batch_id: int) -> CommitOutcome:
+        plan = self.plan()
+        messages = [self.write(plan, task, batch_id, partition_id=i) for i, task in enumerate(batch)]
+        return self.commit(plan, messages, batch_id)
+
+    def table(self):  # type: ignore[no-untyped-def]
+        return load(self.warehouse, IDENT)
+
+    def readers(self) -> tuple[Counter, Counter]:
+        """What pyiceberg and DuckDB see (both empty before the first snapshot)."""
+        table = self.table()
+        if table.metadata.current_snapshot() is None:
+            return Counter(), Counter()
+        return pyiceberg_rows(table, self.config.columns), duckdb_rows(table.metadata_location, self.config.columns)
+
+    def assert_matches(self, expected: Counter, where: str = "") -> None:
+        table = self.table()
+        if table.metadata.current_snapshot() is None:
+            # Nothing committed yet (every change was a no-op): an empty table.
+            assert expected == Counter(), f"{where}: no snapshot, but the model has rows {expected}"
+            return
+        for reader, got in (("pyiceberg", pyiceberg_rows(table, self.config.columns)), ("DuckDB", duckdb_rows(table.metadata_location, self.config.columns))):
+            assert got == expected, (
+                f"{where} [{self.config}]: {reader} disagrees with the model\n"
+                f"  missing: {dict(expected - got)}\n  unexpected: {dict(got - expected)}"
+            )
+        violations = check_table(table)
+        assert violations == [], f"{where} [{self.config}]: check_table: {violations}"
+
+    def drop_index(self) -> None:
+        """Delete the index directory, as an operator would; the cached LMDB handles are
+        closed too, so the next task opens a fresh index like a new worker process would."""
+        prefix = os.path.abspath(self.index_dir) + os.sep
+        for path in [p for p in list(key_index._CACHE) if p.startswith(prefix)]:
+            key_index.drop_index(path)
+        shutil.rmtree(self.index_dir, ignore_errors=True)
+
+    def close(self) -> None:
+        self.drop_index()
+        config = loader.catalog_config(self.options)
+        cached = loader._cache.pop((config.name, tuple(sorted(config.properties.items()))), None)
+        engine = getattr(cached, "engine", None)
+        if engine is not None:
+            engine.dispose()
+        shutil.rmtree(self.root, ignore_errors=True)
