@@ -30,7 +30,7 @@ from lakesink_datasource.catalog import loader
 from lakesink_datasource.commit import idempotency
 from lakesink_datasource.commit.data_files import data_file
 from lakesink_datasource.commit.snapshot_producer import ConflictError, PendingDeletes, RowDelta, SnapshotProducer
-from lakesink_datasource.index.sync import HOSTS
+from lakesink_datasource.index.sync import HOSTS, TOMBSTONES
 from lakesink_datasource.io.partitioning import decode_partition
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.table.plan import WritePlan
@@ -64,7 +64,12 @@ def _extra_summary(write_id: str, query_id: Optional[str], batch_id: Optional[in
         "lakesink-version": __version__,
         idempotency.WRITE_ID: write_id,
         "lakesink.rows-in": str(stats.rows_in),
+        "lakesink.rows-written": str(stats.rows_written),
         "lakesink.rows-deleted": str(stats.rows_deleted),
+        # Task seconds summed over the batch's tasks, per phase: where the time goes.
+        "lakesink.partition-seconds": f"{stats.partition_seconds:.3f}",
+        "lakesink.index-seconds": f"{stats.index_seconds:.3f}",
+        "lakesink.write-seconds": f"{stats.write_seconds:.3f}",
     }
     try:
         import pyspark
@@ -162,6 +167,9 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: Optional[
     hosts = sorted({r.host for r in results if r.host})
     if hosts:
         extra[HOSTS] = ",".join(hosts)
+    tombstones = sorted(r.tombstones for r in results if r.tombstones)
+    if tombstones:
+        extra[TOMBSTONES] = ",".join(tombstones)
     for attempt in range(MAX_ATTEMPTS):
         fault_point("before_commit", batch_id)
         current = table.metadata.current_snapshot()
@@ -211,7 +219,7 @@ def abort_write(plan: WritePlan, results: list[TaskResult], batch_id: Optional[i
         return []
     deleted = []
     for r in results:
-        for path in [m.path for m in r.data_files]:
+        for path in [m.path for m in r.data_files] + ([r.tombstones] if r.tombstones else []):
             try:
                 table.io.delete(path)
                 deleted.append(path)

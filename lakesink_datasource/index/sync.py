@@ -43,6 +43,8 @@ from lakesink_datasource.table.live_files import live_data_files, live_deletion_
 log = logging.getLogger("lakesink")
 
 HOSTS = "lakesink.hosts"  # summary key: hosts whose tasks contributed to a keyed batch
+TOMBSTONES = "lakesink.tombstones"  # summary key: Parquet files of the batch's sequenced deletes
+TOMBSTONE_DIR = "lakesink-tombstones"
 _REBUILD_TOKEN = "rebuild"
 
 
@@ -101,11 +103,42 @@ def index_files(
     return indexed
 
 
+def restore_tombstones(index: KeyIndex, io: FileIO, metadata: TableMetadata, columns: KeyColumns, token: str) -> int:
+    """Re-create the tombstones of sequenced deletes (recorded per batch in the summary)
+    for keys that are not live: the highest deleted sequence per key is kept."""
+    if columns.sequence is None:
+        return 0
+    from lakesink_datasource.write.keyed import TOMBSTONE, SEQUENCE  # the task-side format
+
+    newest: dict[bytes, bytes] = {}
+    for snapshot in reversed(list(ancestors(metadata))):
+        props = snapshot.summary.additional_properties if snapshot.summary else {}
+        for path in filter(None, props.get(TOMBSTONES, "").split(",")):
+            try:
+                with io.new_input(path).open() as stream:
+                    table = pq.read_table(stream)
+            except FileNotFoundError:
+                log.warning("lakesink: tombstone file %s is gone (orphan-file cleanup?); its deletes are forgotten", path)
+                continue
+            keys = encode_keys([table.column(c) for c in columns.key], names=list(columns.key))
+            for key, seq in zip(keys, encode_keys([table.column(SEQUENCE)])):
+                if key not in newest or newest[key] < seq:
+                    newest[key] = seq
+    if not newest:
+        return 0
+    keys = list(newest)
+    found = index.lookup(keys)
+    puts = [(k, Location(TOMBSTONE, 0, newest[k])) for k, loc in zip(keys, found) if loc is None]
+    index.apply(token, puts, [])
+    return len(puts)
+
+
 def rebuild(index: KeyIndex, io: FileIO, metadata: TableMetadata, columns: KeyColumns) -> None:
     snapshot = metadata.current_snapshot()
     index.clear()
     entries = live_data_files(io, snapshot)
     rows = index_files(index, io, metadata, [(e.data_file, e.sequence_number or 0) for e in entries], columns, _REBUILD_TOKEN)
+    restore_tombstones(index, io, metadata, columns, _REBUILD_TOKEN)
     index.commit_tokens([_REBUILD_TOKEN], _state(metadata, snapshot))
     log.info("lakesink: rebuilt key index %s from snapshot %s: %d keys from %d files", index.path, snapshot and snapshot.snapshot_id, rows, len(entries))
 

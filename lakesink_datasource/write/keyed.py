@@ -24,6 +24,7 @@ from typing import Optional
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.table.metadata import TableMetadata
 from pyroaring import BitMap64
@@ -40,6 +41,7 @@ from lakesink_datasource.write.changes import resolve_changes
 from lakesink_datasource.write.messages import PositionDeletesMessage
 
 TOMBSTONE = 0xFFFF_FFFF  # file ordinal of a deleted key that remembers its sequence
+SEQUENCE = "__lakesink_sequence"  # the sequence column's name in tombstone files
 
 
 def index_location(plan: WritePlan, metadata: TableMetadata) -> str:
@@ -83,23 +85,44 @@ class KeyedWriter:
         self._ordinals: dict[str, int] = {}  # encoded FileRef -> ordinal (this task's new files)
         self._hidden: dict[int, list[np.ndarray]] = defaultdict(list)  # ordinal -> positions
         self._hashes: list[np.ndarray] = []
+        self._tombstones: list[pa.Table] = []
         self.rows_deleted = 0
         self.rows_ignored = 0
 
+    def _resolution_table(self, batch: pa.RecordBatch, aligned: pa.Table) -> pa.Table:
+        """Key and sequence columns in the *table's* types (the index must encode a key the
+        same way whether it comes from a batch or from a data file), plus the op column."""
+        keyed = self._keyed
+        columns = {name: aligned.column(name) for name in keyed.table_key_columns}
+        # The op and sequence columns keep the user's names: errors name them.
+        if keyed.sequence_source is not None:
+            columns[keyed.sequence_source] = (
+                aligned.column(keyed.table_sequence_column) if keyed.table_sequence_column else batch.column(keyed.sequence_source)
+            )
+        if keyed.op_source is not None:
+            columns[keyed.op_source] = batch.column(keyed.op_source)
+        return pa.table(columns)
+
     def write(self, batch: pa.RecordBatch) -> None:
         keyed = self._keyed
+        aligned = self._aligner.align(batch)
+        resolution = self._resolution_table(batch, aligned)
         changes = resolve_changes(
-            batch, keyed.key_sources,
+            resolution, keyed.table_key_columns,
             op_column=keyed.op_source, delete_ops=self._plan.options.delete_ops, sequence_column=keyed.sequence_source,
         )
         if not changes.keys:
             return
         self._hashes.append(_hashes(changes.keys))
-        rows = self._aligner.align(batch.take(pa.array(changes.rows)))
+        rows = aligned.take(pa.array(changes.rows))
         started = time.perf_counter()
         with host_lock(self._lock_path):
             existing = self._index.lookup(changes.keys)
-            write_mask, puts, deletes = self._decide(changes.keys, changes.is_delete, changes.sequences, existing)
+            write_mask, puts, deletes, tombstones = self._decide(changes.keys, changes.is_delete, changes.sequences, existing)
+            if tombstones:
+                picked = resolution.take(pa.array(changes.rows[tombstones]))
+                names = list(keyed.table_key_columns)
+                self._tombstones.append(picked.select(names + [keyed.sequence_source]).rename_columns(names + [SEQUENCE]))
             if write_mask.any():
                 puts += self._place(rows.filter(pa.array(write_mask)), [k for k, w in zip(changes.keys, write_mask) if w],
                                     [s for s, w in zip(changes.sequences, write_mask) if w] if changes.sequences else None)
@@ -109,11 +132,12 @@ class KeyedWriter:
 
     def _decide(
         self, keys: list[bytes], is_delete: np.ndarray, sequences: Optional[list[bytes]], existing: list[Optional[Location]]
-    ) -> tuple[np.ndarray, list[tuple[bytes, Location]], list[bytes]]:
+    ) -> tuple[np.ndarray, list[tuple[bytes, Location]], list[bytes], list[int]]:
         dedupe = self._plan.options.operation == "dedupe"
         write_mask = np.zeros(len(keys), dtype=bool)
         puts: list[tuple[bytes, Location]] = []
         deletes: list[bytes] = []
+        tombstones: list[int] = []  # winners whose delete must be remembered with its sequence
         hide_ordinals: list[int] = []
         hide_positions: list[int] = []
         for i, (key, loc) in enumerate(zip(keys, existing)):
@@ -135,6 +159,7 @@ class KeyedWriter:
                 self.rows_deleted += int(live)
                 if seq is not None:
                     puts.append((key, Location(TOMBSTONE, 0, seq)))
+                    tombstones.append(i)
                 elif live:
                     deletes.append(key)
             else:
@@ -143,7 +168,7 @@ class KeyedWriter:
             ordinals, positions = np.asarray(hide_ordinals, dtype=np.int64), np.asarray(hide_positions, dtype=np.int64)
             for ordinal in np.unique(ordinals):
                 self._hidden[int(ordinal)].append(positions[ordinals == ordinal])
-        return write_mask, puts, deletes
+        return write_mask, puts, deletes, tombstones
 
     def _place(self, rows: pa.Table, keys: list[bytes], sequences: Optional[list[bytes]]) -> list[tuple[bytes, Location]]:
         """Write rows and return the index entries pointing at their files and positions."""
@@ -171,6 +196,16 @@ class KeyedWriter:
             bitmap = BitMap64(np.concatenate(chunks).astype(np.uint64))
             out.append(PositionDeletesMessage(ref.path, ref.spec_id, ref.partition, bitmap.serialize()))
         return out
+
+    def write_tombstones(self, io: FileIO, location: str) -> Optional[str]:
+        """Persist this task's deletes with their sequence (key columns + sequence), so an
+        index rebuilt from the table still refuses older late changes of deleted keys."""
+        if not self._tombstones:
+            return None
+        table = pa.concat_tables(self._tombstones)
+        with io.new_output(location).create(overwrite=True) as out:
+            pq.write_table(table, out, compression="zstd")
+        return location
 
     def key_hashes(self) -> bytes:
         if not self._hashes:

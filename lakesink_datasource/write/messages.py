@@ -90,6 +90,7 @@ class TaskResult(msgspec.Struct, frozen=True):
     # Keyed writes: sorted unique 64-bit hashes of the keys the task touched, so the commit
     # can refuse a batch whose key reached two hosts (their indexes cannot agree).
     key_hashes: bytes = b""
+    tombstones: Optional[str] = None  # Parquet file of deleted keys with their sequence
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -21,6 +21,7 @@ from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
 from lakesink_datasource.schema.arrow_align import BatchAligner, table_arrow_schema
 from lakesink_datasource.table import metadata_cache
 from lakesink_datasource.table.plan import WritePlan
+from lakesink_datasource.index.sync import TOMBSTONE_DIR
 from lakesink_datasource.write.keyed import KeyedWriter
 from lakesink_datasource.write.messages import LakeSinkCommitMessage, TaskResult, TaskStats
 
@@ -150,6 +151,8 @@ def write_task(
     )
     if keyed is None:
         return result(data_files=files, stats=stats)
+    tombstones = keyed.write_tombstones(io, f"{data_dir}/{TOMBSTONE_DIR}/{plan.write_id}-{who.partition_id:05d}-{who.attempt}.parquet")
     return result(
-        data_files=files, stats=stats, position_deletes=keyed.position_deletes(), host=keyed.host, key_hashes=keyed.key_hashes()
+        data_files=files, stats=stats, position_deletes=keyed.position_deletes(), host=keyed.host,
+        key_hashes=keyed.key_hashes(), tombstones=tombstones,
     )
