@@ -171,6 +171,10 @@ class SnapshotProducer:
             return []
         kept: list[ManifestFile] = []
         for manifest in read_manifest_list(self._io, parent.manifest_list):
+            if not manifest.added_files_count and not manifest.existing_files_count:
+                # Only DELETED entries, recorded by an earlier snapshot: nothing is live in
+                # it any more, so later snapshots drop it (as Iceberg Java does).
+                continue
             if self._delta.replace_all:
                 live = read_entries(self._io, manifest)
                 if live:
