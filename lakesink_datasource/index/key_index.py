@@ -110,6 +110,19 @@ def pack_location(loc: Location) -> bytes:
     return head if loc.sequence is None else head + _SEQUENCE_MARKER + loc.sequence
 
 
+def pack_locations(ordinal: int, first_position: int, count: int, sequences: Sequence[bytes] | None = None) -> list[bytes]:
+    """`pack_location` for `count` consecutive positions of one file, vectorised."""
+    packed = np.empty(count, dtype=[("ordinal", "<u4"), ("position", "<u8")])
+    packed["ordinal"] = ordinal
+    packed["position"] = np.arange(first_position, first_position + count, dtype=np.uint64)
+    raw = packed.tobytes()
+    size = _LOCATION.size
+    heads = [raw[i : i + size] for i in range(0, len(raw), size)]
+    if sequences is None:
+        return heads
+    return [h + _SEQUENCE_MARKER + s for h, s in zip(heads, sequences)]
+
+
 def unpack_location(raw: bytes) -> Location:
     if len(raw) == _LOCATION.size:  # the common no-sequence case, kept cheap
         return Location(*_LOCATION.unpack(raw))
@@ -175,7 +188,7 @@ def _unpack_token_record(raw: bytes) -> tuple[str, int, list[int]]:
 class KeyIndex:
     """Primary-key index in one LMDB environment. Use `open_index` to get the cached one."""
 
-    def __init__(self, path: str, map_size: int = 1 << 30):
+    def __init__(self, path: str, map_size: int = 1 << 36):
         self.path = os.path.abspath(path)
         self._pid = os.getpid()
         self._lock = threading.RLock()  # set_mapsize needs no live txn in this process
@@ -187,6 +200,11 @@ class KeyIndex:
             max_dbs=8,
             max_readers=1024,  # many Spark worker processes and threads per host
             readahead=False,  # random point lookups: OS readahead only pollutes the cache
+            # The index is a cache of the table: commits need not wait for the disk. A killed
+            # process loses nothing (the OS has the pages); an OS crash may leave the file
+            # damaged, which open_index detects and answers with a rebuild from the table.
+            sync=False,
+            metasync=False,
         )
         # Free reader slots left behind by worker processes that died mid-transaction.
         self._env.reader_check()
@@ -310,10 +328,50 @@ class KeyIndex:
         token_raw = token.encode()
         self._write(lambda txn: self._apply_txn(txn, token_raw, final))
 
-    def _apply_txn(self, txn: lmdb.Transaction, token: bytes, final: dict[bytes, bytes | None]) -> None:
+    def transact(
+        self,
+        token: str,
+        keys: Sequence[bytes],
+        decide: Callable[[list[Location | None], Callable[[str], int]], tuple[list[tuple[bytes, bytes]], list[bytes]]],
+    ) -> None:
+        """Look `keys` up and apply what `decide` makes of them in ONE write transaction.
+
+        `decide` gets the current locations (input order) and a function giving a file's
+        ordinal inside this transaction, and returns puts as (key, packed location, see
+        `pack_location`/`pack_locations`) and deletes, for keys among `keys`.
+        One transaction means one lock round and one read per key (the undo record reuses
+        the lookup). `decide` must not touch the index. The map is not grown here (decide may
+        have side effects and must not run twice): the default map is 64 GiB of address space.
+        """
+        fitted = self._fit_all(keys)
+        token_raw = token.encode()
+        with self._lock:
+            while True:
+                try:
+                    txn = self._env.begin(write=True)
+                    break
+                except lmdb.MapResizedError:
+                    self._env.set_mapsize(0)  # another process grew it: adopt its size
+            with txn:
+                get, db = txn.get, self._keys
+                raw = [get(k, None, db) for k in fitted]
+                def ordinal_of(path: str) -> int:
+                    return self._assign_ordinals(txn, [path], [self._fit(b"p" + path.encode())])[0]
+
+                puts, deletes = decide([None if r is None else unpack_location(r) for r in raw], ordinal_of)
+                final: dict[bytes, bytes | None] = dict(zip(self._fit_all([k for k, _ in puts]), [v for _, v in puts]))
+                final.update(dict.fromkeys(self._fit_all(deletes)))
+                self._apply_txn(txn, token_raw, final, dict(zip(fitted, raw)))
+
+    def _apply_txn(
+        self, txn: lmdb.Transaction, token: bytes, final: dict[bytes, bytes | None], known: dict[bytes, bytes | None] | None = None
+    ) -> None:
         get, db = txn.get, self._keys
         order = sorted(final)  # key order: B-tree locality for reads and writes
-        all_prevs = [get(key, None, db) for key in order]
+        if known is None:
+            all_prevs = [get(key, None, db) for key in order]
+        else:
+            all_prevs = [known[key] if key in known else get(key, None, db) for key in order]
         all_news = list(map(final.__getitem__, order))
         # Only real changes need undo; no-op writes and deletes of absent keys are skipped.
         # (map/compress keep this per-row filtering in C.)
@@ -472,7 +530,7 @@ _CACHE: dict[str, KeyIndex] = {}
 _CACHE_LOCK = threading.Lock()
 
 
-def open_index(path: str, map_size: int = 1 << 30) -> KeyIndex:
+def open_index(path: str, map_size: int = 1 << 36) -> KeyIndex:
     """The process-wide `KeyIndex` for `path`, opening it on first use.
 
     `map_size` only matters for the first open in a process; the map grows on demand.
@@ -487,7 +545,14 @@ def open_index(path: str, map_size: int = 1 << 30) -> KeyIndex:
                     f"key index {key} was opened before fork(); open it in the child process only"
                 )
             return index
-        index = KeyIndex(key, map_size=map_size)
+        try:
+            index = KeyIndex(key, map_size=map_size)
+        except lmdb.Error:
+            # A damaged cache (e.g. after an OS crash with unsynced pages): start empty; the
+            # next sync finds no state and rebuilds from the table.
+            shutil.rmtree(key, ignore_errors=True)
+            os.makedirs(key, exist_ok=True)
+            index = KeyIndex(key, map_size=map_size)
         _CACHE[key] = index
         return index
 

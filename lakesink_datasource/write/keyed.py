@@ -16,11 +16,10 @@ Decision per key (the model: live rows are a map key -> latest row):
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from collections import defaultdict
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +30,7 @@ from pyroaring import BitMap64
 
 from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.host_lock import host_lock
-from lakesink_datasource.index.key_index import KeyIndex, Location, open_index
+from lakesink_datasource.index.key_index import KeyIndex, Location, open_index, pack_location, pack_locations
 from lakesink_datasource.index.sync import KeyColumns, default_index_dir, host_name, sync, token_for
 from lakesink_datasource.io.partitioning import PartitionSplitter
 from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
@@ -42,6 +41,7 @@ from lakesink_datasource.write.messages import PositionDeletesMessage
 
 TOMBSTONE = 0xFFFF_FFFF  # file ordinal of a deleted key that remembers its sequence
 SEQUENCE = "__lakesink_sequence"  # the sequence column's name in tombstone files
+CHUNK_ROWS = 65536
 
 
 def index_location(plan: WritePlan, metadata: TableMetadata) -> str:
@@ -86,6 +86,8 @@ class KeyedWriter:
         self._hidden: dict[int, list[np.ndarray]] = defaultdict(list)  # ordinal -> positions
         self._hashes: list[np.ndarray] = []
         self._tombstones: list[pa.Table] = []
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_rows = 0
         self.rows_deleted = 0
         self.rows_ignored = 0
 
@@ -104,6 +106,23 @@ class KeyedWriter:
         return pa.table(columns)
 
     def write(self, batch: pa.RecordBatch) -> None:
+        """Queue a batch; changes are resolved per chunk of at least CHUNK_ROWS rows, which
+        amortises the lock and the two index transactions over many of Spark's small batches."""
+        if batch.num_rows == 0:
+            return
+        self._pending.append(batch)
+        self._pending_rows += batch.num_rows
+        if self._pending_rows >= CHUNK_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        batch = self._pending[0] if len(self._pending) == 1 else pa.concat_batches(self._pending)
+        self._pending, self._pending_rows = [], 0
+        self._process(batch)
+
+    def _process(self, batch: pa.RecordBatch) -> None:
         keyed = self._keyed
         aligned = self._aligner.align(batch)
         resolution = self._resolution_table(batch, aligned)
@@ -116,26 +135,30 @@ class KeyedWriter:
         self._hashes.append(_hashes(changes.keys))
         rows = aligned.take(pa.array(changes.rows))
         started = time.perf_counter()
-        with host_lock(self._lock_path):
-            existing = self._index.lookup(changes.keys)
+
+        def decide(existing: list[Optional[Location]], ordinal_of: Callable[[str], int]) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
             write_mask, puts, deletes, tombstones = self._decide(changes.keys, changes.is_delete, changes.sequences, existing)
             if tombstones:
                 picked = resolution.take(pa.array(changes.rows[tombstones]))
                 names = list(keyed.table_key_columns)
                 self._tombstones.append(picked.select(names + [keyed.sequence_source]).rename_columns(names + [SEQUENCE]))
             if write_mask.any():
-                puts += self._place(rows.filter(pa.array(write_mask)), [k for k, w in zip(changes.keys, write_mask) if w],
-                                    [s for s, w in zip(changes.sequences, write_mask) if w] if changes.sequences else None)
-            self._index.apply(self._token, puts, deletes)
+                chosen = np.flatnonzero(write_mask)
+                sequences = [changes.sequences[i] for i in chosen] if changes.sequences else None
+                puts += self._place(rows.take(pa.array(chosen)), [changes.keys[i] for i in chosen], sequences, ordinal_of)
+            return puts, deletes
+
+        with host_lock(self._lock_path):
+            self._index.transact(self._token, changes.keys, decide)
         self.index_seconds += time.perf_counter() - started
         self._writer.flush_pending()  # Parquet encoding outside the lock
 
     def _decide(
         self, keys: list[bytes], is_delete: np.ndarray, sequences: Optional[list[bytes]], existing: list[Optional[Location]]
-    ) -> tuple[np.ndarray, list[tuple[bytes, Location]], list[bytes], list[int]]:
+    ) -> tuple[np.ndarray, list[tuple[bytes, bytes]], list[bytes], list[int]]:
         dedupe = self._plan.options.operation == "dedupe"
         write_mask = np.zeros(len(keys), dtype=bool)
-        puts: list[tuple[bytes, Location]] = []
+        puts: list[tuple[bytes, bytes]] = []
         deletes: list[bytes] = []
         tombstones: list[int] = []  # winners whose delete must be remembered with its sequence
         hide_ordinals: list[int] = []
@@ -158,7 +181,7 @@ class KeyedWriter:
             if is_delete[i]:
                 self.rows_deleted += int(live)
                 if seq is not None:
-                    puts.append((key, Location(TOMBSTONE, 0, seq)))
+                    puts.append((key, pack_location(Location(TOMBSTONE, 0, seq))))
                     tombstones.append(i)
                 elif live:
                     deletes.append(key)
@@ -170,23 +193,27 @@ class KeyedWriter:
                 self._hidden[int(ordinal)].append(positions[ordinals == ordinal])
         return write_mask, puts, deletes, tombstones
 
-    def _place(self, rows: pa.Table, keys: list[bytes], sequences: Optional[list[bytes]]) -> list[tuple[bytes, Location]]:
-        """Write rows and return the index entries pointing at their files and positions."""
-        puts: list[tuple[bytes, Location]] = []
+    def _place(
+        self, rows: pa.Table, keys: list[bytes], sequences: Optional[list[bytes]], ordinal_of: Callable[[str], int]
+    ) -> list[tuple[bytes, bytes]]:
+        """Write rows and return the index entries (packed) pointing at their files and positions."""
+        puts: list[tuple[bytes, bytes]] = []
         for partition, indices in self._splitter.split_rows(rows):
             part_rows = rows.take(pa.array(indices)) if len(indices) != rows.num_rows else rows
             for placement in self._writer.write(partition, part_rows, flush=False):
-                ordinal = self._ordinal(FileRef(placement.path, self._spec_id, partition))
-                for j in range(placement.rows):
-                    row = int(indices[placement.offset + j])
-                    puts.append((keys[row], Location(ordinal, placement.position + j, sequences[row] if sequences else None)))
+                ordinal = self._ordinal(FileRef(placement.path, self._spec_id, partition), ordinal_of)
+                placed = indices[placement.offset : placement.offset + placement.rows].tolist()
+                packed = pack_locations(
+                    ordinal, placement.position, placement.rows, [sequences[r] for r in placed] if sequences else None
+                )
+                puts.extend(zip([keys[r] for r in placed], packed))
         return puts
 
-    def _ordinal(self, ref: FileRef) -> int:
+    def _ordinal(self, ref: FileRef, ordinal_of: Callable[[str], int]) -> int:
         encoded = encode_ref(ref)
         ordinal = self._ordinals.get(encoded)
         if ordinal is None:
-            ordinal = self._ordinals[encoded] = self._index.file_ordinal(encoded)
+            ordinal = self._ordinals[encoded] = ordinal_of(encoded)
         return ordinal
 
     def position_deletes(self) -> list[PositionDeletesMessage]:
@@ -213,5 +240,23 @@ class KeyedWriter:
         return np.unique(np.concatenate(self._hashes)).astype("<u8").tobytes()
 
 
+_FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
+
+
 def _hashes(keys: list[bytes]) -> np.ndarray:
-    return np.fromiter((int.from_bytes(hashlib.blake2b(k, digest_size=8).digest(), "little") for k in keys), dtype=np.uint64, count=len(keys))
+    """64-bit hashes of the encoded keys, vectorised (FNV-1a over the zero-padded bytes, the
+    length mixed in so padding cannot collide, then a splitmix64 finaliser)."""
+    lengths = np.fromiter(map(len, keys), dtype=np.uint64, count=len(keys))
+    width = int(lengths.max())
+    matrix = np.array(keys, dtype=f"S{width}").view(np.uint8).reshape(len(keys), width)
+    h = np.full(len(keys), _FNV_OFFSET, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(width):
+            h = (h ^ matrix[:, j]) * _FNV_PRIME
+        h = (h ^ lengths) * _FNV_PRIME
+        h ^= h >> np.uint64(30)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(27)
+        h *= np.uint64(0x94D049BB133111EB)
+        h ^= h >> np.uint64(31)
+    return h

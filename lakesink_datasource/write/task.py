@@ -133,6 +133,8 @@ def write_task(
             partition_seconds += t1 - t0
             write_seconds += time.perf_counter() - t1
         t1 = time.perf_counter()
+        if keyed is not None:
+            keyed.flush()
         files = writer.close()
         write_seconds += time.perf_counter() - t1
         fault_point("task_files_written", who.batch_id)
