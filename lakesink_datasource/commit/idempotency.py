@@ -25,6 +25,17 @@ def ancestors(metadata: TableMetadata) -> Iterator[Snapshot]:
         snapshot = metadata.snapshot_by_id(parent) if parent is not None else None
 
 
+def snapshots_after(metadata: TableMetadata, since: Optional[int]) -> tuple[list[Snapshot], bool]:
+    """Main-branch snapshots committed after snapshot `since`, newest first, and whether
+    `since` was found among the ancestors (None means "from the beginning": always found)."""
+    out: list[Snapshot] = []
+    for snapshot in ancestors(metadata):
+        if snapshot.snapshot_id == since:
+            return out, True
+        out.append(snapshot)
+    return out, since is None
+
+
 def last_committed_epoch(metadata: TableMetadata, query_id: str) -> Optional[int]:
     """The newest epoch of `query_id` on the main branch's history, or None."""
     for snapshot in ancestors(metadata):
@@ -43,9 +54,5 @@ def is_epoch_committed(metadata: TableMetadata, query_id: Optional[str], epoch: 
 
 def is_write_committed(metadata: TableMetadata, write_id: str, since_snapshot_id: Optional[int]) -> bool:
     """Did a commit of `write_id` land after `since_snapshot_id` (the state it planned on)?"""
-    for snapshot in ancestors(metadata):
-        if snapshot.snapshot_id == since_snapshot_id:
-            return False
-        if snapshot.summary is not None and snapshot.summary.get(WRITE_ID) == write_id:
-            return True
-    return False
+    after, _ = snapshots_after(metadata, since_snapshot_id)
+    return any(s.summary is not None and s.summary.get(WRITE_ID) == write_id for s in after)

@@ -18,8 +18,6 @@ from typing import Mapping, Optional
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
     DataFile,
-    DataFileContent,
-    FileFormat,
     ManifestContent,
     ManifestEntry,
     ManifestEntryStatus,
@@ -32,6 +30,8 @@ from pyiceberg.typedef import Record
 from pyroaring import BitMap64
 
 from lakesink_datasource import __version__
+from lakesink_datasource.commit.data_files import dv_data_file
+from lakesink_datasource.commit.idempotency import snapshots_after
 from lakesink_datasource.commit.manifests import (
     ManifestListWriter,
     read_entries,
@@ -41,17 +41,6 @@ from lakesink_datasource.commit.manifests import (
 )
 from lakesink_datasource.commit.summary import ChangeCounts, build_summary
 from lakesink_datasource.deletes.puffin import PuffinWriter
-
-
-def _snapshots_since(metadata: TableMetadata, since: Optional[int]) -> list[Snapshot]:
-    from lakesink_datasource.commit.idempotency import ancestors
-
-    out = []
-    for snapshot in ancestors(metadata):
-        if snapshot.snapshot_id == since:
-            break
-        out.append(snapshot)
-    return out
 
 
 def new_snapshot_id() -> int:
@@ -222,18 +211,14 @@ class SnapshotProducer:
         with self._io.new_output(location).create(overwrite=True) as out:
             out.write(data)
         self._written[self._attempt].append(location)
-        dvs = []
-        for (path, deletes, cardinality), ref in zip(merged, writer.refs):
-            f = DataFile.from_args(
-                _table_format_version=3, content=DataFileContent.POSITION_DELETES, file_path=location,
-                file_format=FileFormat.PUFFIN, partition=deletes.partition, record_count=cardinality,
-                file_size_in_bytes=len(data), column_sizes=None, value_counts=None, null_value_counts=None,
-                nan_value_counts=None, lower_bounds=None, upper_bounds=None, key_metadata=None, split_offsets=None,
-                equality_ids=None, sort_order_id=None, first_row_id=None, referenced_data_file=path,
-                content_offset=ref.offset, content_size_in_bytes=ref.length,
+        dvs = [
+            dv_data_file(
+                puffin_path=location, puffin_size=len(data), referenced_data_file=path, spec_id=deletes.spec_id,
+                partition=deletes.partition, cardinality=cardinality, content_offset=ref.offset,
+                content_size_in_bytes=ref.length,
             )
-            f.spec_id = deletes.spec_id
-            dvs.append(f)
+            for (path, deletes, cardinality), ref in zip(merged, writer.refs)
+        ]
         by_spec: dict[int, list[DataFile]] = defaultdict(list)
         for f in dvs:
             by_spec[f.spec_id].append(f)
@@ -251,7 +236,8 @@ class SnapshotProducer:
         """Fail when a data file this batch deletes from was removed after the batch was
         planned (a compaction moved its rows: the positions no longer mean those rows)."""
         added_here = {f.file_path for f in self._delta.added_data_files}
-        for snapshot in _snapshots_since(metadata, self._delta.planned_snapshot_id):
+        # If the planned snapshot is no longer an ancestor, every snapshot is suspect.
+        for snapshot in snapshots_after(metadata, self._delta.planned_snapshot_id)[0]:
             for manifest in read_manifest_list(self._io, snapshot.manifest_list):
                 if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
                     continue

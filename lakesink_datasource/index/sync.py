@@ -33,7 +33,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Snapshot
 
-from lakesink_datasource.commit.idempotency import WRITE_ID, ancestors
+from lakesink_datasource.commit.idempotency import WRITE_ID, ancestors, snapshots_after
 from lakesink_datasource.index.file_refs import FileRef, encode_ref
 from lakesink_datasource.index.key_encoding import encode_keys
 from lakesink_datasource.index.key_index import IndexState, KeyIndex, Location
@@ -149,12 +149,8 @@ def _state(metadata: TableMetadata, snapshot: Optional[Snapshot]) -> IndexState:
 
 def _path_since(metadata: TableMetadata, since: Optional[int]) -> Optional[list[Snapshot]]:
     """Snapshots after `since` up to the current one, oldest first (None: not an ancestor)."""
-    path: list[Snapshot] = []
-    for snapshot in ancestors(metadata):
-        if snapshot.snapshot_id == since:
-            return list(reversed(path))
-        path.append(snapshot)
-    return list(reversed(path)) if since is None else None
+    newest_first, found = snapshots_after(metadata, since)
+    return list(reversed(newest_first)) if found else None
 
 
 def _added_files(io: FileIO, metadata: TableMetadata, snapshot: Snapshot) -> list[tuple[DataFile, int]]:
