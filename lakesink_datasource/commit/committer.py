@@ -158,6 +158,9 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: Optional[
         position_deletes=_merge_position_deletes(results, metadata),
         replace_all=plan.overwrite,
         planned_snapshot_id=planned_snapshot_id,
+        # Sequenced deletes of absent keys change no file, but their tombstones must be
+        # recorded (and the index tokens committed) or a later, older change would apply.
+        record_only=any(r.tombstones for r in results),
     )
     if delta.is_empty:
         return CommitOutcome(None, "nothing to commit", 0, stats)

@@ -73,10 +73,14 @@ class RowDelta:
     position_deletes: dict[str, PendingDeletes] = field(default_factory=dict)
     replace_all: bool = False
     planned_snapshot_id: Optional[int] = None  # the state tasks resolved positions against
+    # A snapshot is committed even without file changes when it must record something in
+    # its summary (e.g. the tombstones of deletes of absent keys).
+    record_only: bool = False
 
     @property
     def is_empty(self) -> bool:
-        return not (self.added_data_files or self.added_delete_files or self.position_deletes or self.replace_all)
+        changes = self.added_data_files or self.added_delete_files or self.position_deletes or self.replace_all
+        return not changes and not self.record_only
 
     def operation(self) -> Operation:
         if self.replace_all:
@@ -196,6 +200,7 @@ class SnapshotProducer:
         from lakesink_datasource.table.live_files import live_deletion_vectors, read_deletion_vector
 
         self._check_targets_still_live(metadata, set(pending))
+        self._check_targets_exist(metadata, set(pending))
         live = live_deletion_vectors(self._io, metadata.current_snapshot())
         writer = PuffinWriter()
         merged: list[tuple[str, PendingDeletes, int]] = []
@@ -251,6 +256,23 @@ class SnapshotProducer:
                             f"({snapshot.summary.operation.value if snapshot.summary else '?'}) after this batch was "
                             "planned; the batch must be replanned (restart the query: it replays the batch)"
                         )
+
+    def _check_targets_exist(self, metadata: TableMetadata, targets: set[str]) -> None:
+        """Every file a DV points at must be live in the base or added by this commit. A
+        position in any other file means a task resolved a key against a row that never
+        committed (a failed task attempt whose changes other tasks of the batch saw): the
+        key's committed row would stay visible, so the batch must not land."""
+        from lakesink_datasource.table.live_files import live_data_files
+
+        missing = targets - {f.file_path for f in self._delta.added_data_files}
+        if missing:
+            missing -= {e.data_file.file_path for e in live_data_files(self._io, metadata.current_snapshot())}
+        if missing:
+            raise ConflictError(
+                f"this batch deletes rows of {len(missing)} data file(s) that are not in the table, e.g. "
+                f"{sorted(missing)[0]}: a failed task attempt's rows were seen by other tasks of the batch; "
+                "the batch is refused (restart the query: the replay resolves the keys again)"
+            )
 
     @staticmethod
     def _data_dir(metadata: TableMetadata) -> str:

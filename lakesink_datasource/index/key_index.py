@@ -208,6 +208,7 @@ class KeyIndex:
         )
         # Free reader slots left behind by worker processes that died mid-transaction.
         self._env.reader_check()
+        self.inode = _data_inode(self.path)
         self._max_key = self._env.max_key_size()
         self._keys, self._files, self._undo, self._meta = self._write(self._open_dbs)
         self.closed = False
@@ -452,14 +453,47 @@ class KeyIndex:
         tokens = list(tokens)
 
         def body(txn: lmdb.Transaction) -> None:
+            superseded: dict[bytes, dict[bytes | None, bytes | None]] = {}
             for chunk_seq in sorted(self._take_token_chunks(txn, tokens), reverse=True):
                 chunk_key = b"c" + _U64BE.pack(chunk_seq)
                 chunk = txn.get(chunk_key, db=self._undo)
                 if chunk is not None:
-                    self._replay_undo(txn, _unpack_undo_chunk(chunk))
+                    self._replay_undo(txn, _unpack_undo_chunk(chunk), superseded)
                     txn.delete(chunk_key, db=self._undo)
+            if superseded:
+                self._splice_undo(txn, superseded)
 
         self._write(body)
+
+    def _splice_undo(self, txn: lmdb.Transaction, superseded: dict[bytes, dict[bytes | None, bytes | None]]) -> None:
+        """Take rolled-back writes out of the undo chains of surviving tokens.
+
+        When a surviving token overwrote a key after a rolled-back one, its undo record says
+        "restore the rolled-back value". That value never existed as far as the table is
+        concerned, so the record must restore what the rolled-back write had replaced.
+        """
+        cursor = txn.cursor(db=self._undo)
+        if not cursor.set_range(b"c"):
+            return
+        rewrites = []
+        for chunk_key, chunk in cursor:
+            if not chunk_key.startswith(b"c"):
+                break
+            records = _unpack_undo_chunk(chunk)
+            changed = False
+            for i, (key, prev, new) in enumerate(records):
+                chain = superseded.get(key)
+                if chain is None or prev not in chain:
+                    continue
+                while prev in chain:
+                    prev = chain[prev]
+                records[i] = (key, prev, new)
+                changed = True
+            if changed:
+                keys, prevs, news = (list(column) for column in zip(*records))
+                rewrites.append((chunk_key, _pack_undo_chunk(keys, prevs, news)))
+        for chunk_key, chunk in rewrites:
+            txn.put(chunk_key, chunk, db=self._undo)
 
     def _take_token_chunks(self, txn: lmdb.Transaction, tokens: list[str]) -> list[int]:
         """Delete the token records of `tokens` and return their chunk sequence numbers."""
@@ -473,12 +507,20 @@ class KeyIndex:
             txn.delete(token_key, db=self._undo)
         return seqs
 
-    def _replay_undo(self, txn: lmdb.Transaction, records: list[tuple[bytes, bytes | None, bytes | None]]) -> None:
+    def _replay_undo(
+        self,
+        txn: lmdb.Transaction,
+        records: list[tuple[bytes, bytes | None, bytes | None]],
+        superseded: dict[bytes, dict[bytes | None, bytes | None]],
+    ) -> None:
         # Records of one chunk have distinct keys (one apply), so their order is free.
         get, put, delete, db = txn.get, txn.put, txn.delete, self._keys
         for key, prev, new in records:
             if get(key, None, db) != new:
-                continue  # a later write that is not being rolled back owns the key now
+                # A later write that is not being rolled back owns the key now; remember
+                # that `new` stood for `prev`, so that write's undo can skip over it.
+                superseded.setdefault(key, {})[new] = prev
+                continue
             if prev is None:
                 delete(key, db=db)
             else:
@@ -527,7 +569,14 @@ class KeyIndex:
 # --------------------------------------------------------------------- per-process cache
 
 _CACHE: dict[str, KeyIndex] = {}
-_CACHE_LOCK = threading.Lock()
+_CACHE_LOCK = threading.RLock()  # reentrant: open_index may close a stale index
+
+
+def _data_inode(path: str) -> int | None:
+    try:
+        return os.stat(os.path.join(path, "data.mdb")).st_ino
+    except FileNotFoundError:
+        return None
 
 
 def open_index(path: str, map_size: int = 1 << 36) -> KeyIndex:
@@ -538,6 +587,11 @@ def open_index(path: str, map_size: int = 1 << 36) -> KeyIndex:
     key = os.path.abspath(path)
     with _CACHE_LOCK:
         index = _CACHE.get(key)
+        if index is not None and not index.closed and index.inode != _data_inode(key):
+            # The directory was deleted (or replaced) under this process: its handle points
+            # at unlinked files other processes no longer see. Reopen what is there now.
+            index.close()
+            os.makedirs(key, exist_ok=True)
         if index is not None and not index.closed:
             if index._pid != os.getpid():
                 # LMDB handles do not survive fork(); the child must not touch the parent's.

@@ -86,6 +86,8 @@ def _check_keyed_options(options: WriteOptions, spark_schema: StructType, overwr
         )
     if options.operation == "cdc" and options.op_column is None:
         raise OptionError("operation 'cdc' needs option 'op_column' (the column saying c/r/u/d per row)")
+    if options.operation == "dedupe" and options.sequence_column is not None:
+        raise OptionError("option 'sequence_column' does not apply to operation 'dedupe': dedupe never replaces a row")
     if options.operation != "cdc" and options.op_column is not None:
         raise OptionError(f"option 'op_column' only applies to operation 'cdc', not {options.operation!r}")
     for name in ("op_column", "sequence_column"):

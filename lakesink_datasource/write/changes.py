@@ -1,8 +1,8 @@
 """Keyed input -> one change per key, vectorised on Arrow (no Spark, no index).
 
-A keyed batch may carry several rows for one key. Within one Arrow batch the winner per
+A keyed batch may carry several rows for one key. Within one chunk of input the winner per
 key is the row with the highest sequence value (ties: the later row), or simply the last
-row when there is no sequence column. Each winner is either a write (insert or replace)
+row when there is no sequence column; dedupe keeps the first row instead. Each winner is either a write (insert or replace)
 or a delete. Across batches the key index applies the same rule (see `write/keyed.py`).
 """
 
@@ -58,7 +58,11 @@ def resolve_changes(
     op_column: Optional[str] = None,
     delete_ops: Sequence[str] = ("d",),
     sequence_column: Optional[str] = None,
+    keep: str = "last",
 ) -> Changes:
+    """keep="last": the winner is the highest sequence, else the last row (upsert, cdc);
+    keep="first": the first row (dedupe: a key's first arrival is the one inserted, so the
+    choice does not depend on how Spark cut the input into batches)."""
     n = batch.num_rows
     try:
         keys = encode_keys([batch.column(c) for c in key_columns], names=list(key_columns)) if n else []
@@ -83,7 +87,7 @@ def resolve_changes(
         arrays["s"] = pa.array(sequences, pa.binary())
         sort_columns.append(("s", "ascending"))
     arrays["r"] = pa.array(np.arange(n, dtype=np.int64))
-    sort_columns.append(("r", "ascending"))
+    sort_columns.append(("r", "ascending" if keep == "last" else "descending"))
     order = pc.sort_indices(pa.table(arrays), sort_keys=sort_columns).to_numpy()
     sorted_keys = key_array.take(pa.array(order))
     # A row is its group's last when the next sorted key differs.

@@ -1,6 +1,6 @@
 """Keyed writes on the executor: upsert, cdc and dedupe through the host's key index.
 
-Per Arrow batch: resolve one change per key (`changes.py`), then, holding the host lock,
+Per chunk of input (at least CHUNK_ROWS rows of Spark's Arrow batches): resolve one change per key (`changes.py`), then, holding the host lock,
 look the keys up in the LMDB index, decide each change against what the index says, hand
 the surviving rows to the rolling writer (which names each row's final file and position)
 and record the new locations under this task's undo token. Replaced and deleted rows
@@ -8,7 +8,7 @@ become positions in `hidden`, per data file; the commit turns them into deletion
 
 Decision per key (the model: live rows are a map key -> latest row):
 - older sequence than the indexed one: ignored (a late change never overwrites newer data);
-- dedupe: inserted only when no live row has the key;
+- dedupe: inserted only when no live row has the key (a task's first row for a key);
 - write (upsert, cdc c/r/u): the live row, if any, is hidden; the row is written;
 - delete (cdc): the live row, if any, is hidden; with a sequence column a tombstone keeps
   the delete's sequence so an older late change cannot resurrect the key.
@@ -129,6 +129,7 @@ class KeyedWriter:
         changes = resolve_changes(
             resolution, keyed.table_key_columns,
             op_column=keyed.op_source, delete_ops=self._plan.options.delete_ops, sequence_column=keyed.sequence_source,
+            keep="first" if self._plan.options.operation == "dedupe" else "last",
         )
         if not changes.keys:
             return
@@ -215,6 +216,12 @@ class KeyedWriter:
         if ordinal is None:
             ordinal = self._ordinals[encoded] = ordinal_of(encoded)
         return ordinal
+
+    def rollback(self) -> None:
+        """Undo this attempt's index changes at once when it fails, so the batch's other
+        tasks stop seeing rows that will never commit."""
+        with host_lock(self._lock_path):
+            self._index.rollback_tokens([self._token])
 
     def position_deletes(self) -> list[PositionDeletesMessage]:
         out = []

@@ -140,6 +140,8 @@ def write_task(
         fault_point("task_files_written", who.batch_id)
     except BaseException:
         writer.abort()
+        if keyed is not None:
+            keyed.rollback()
         raise
     index_seconds = keyed.index_seconds if keyed else 0.0
     stats = TaskStats(
