@@ -200,7 +200,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: Optional[
             "data_files=%d dvs=%d bytes=%d attempts=%d partition_s=%.3f index_s=%.3f write_s=%.3f commit_s=%.3f",
             snapshot.snapshot_id, snapshot.summary.operation.value if snapshot.summary else "?", batch_id,
             stats.rows_in, stats.rows_written, stats.rows_deleted, len(delta.added_data_files),
-            len(delta.added_delete_files), stats.bytes_written, attempt + 1, stats.partition_seconds,
+            len(delta.added_delete_files) + len(delta.position_deletes), stats.bytes_written, attempt + 1, stats.partition_seconds,
             stats.index_seconds, stats.write_seconds, time.perf_counter() - started,
         )
         return CommitOutcome(snapshot.snapshot_id, None, attempt + 1, stats)
