@@ -27,6 +27,26 @@ from lakesink_datasource.write.messages import LakeSinkCommitMessage, TaskResult
 
 
 MAX_OPEN_FILES = 100
+# Spark hands Arrow batches of 10K rows (spark.sql.execution.arrow.maxRecordsPerBatch);
+# splitting each by partition makes many tiny slices, and the per-slice cost (a write call,
+# a copy, a fragment to concatenate later) dominated partitioned writes. Tasks therefore
+# combine incoming batches to about this many rows before aligning and splitting them.
+CHUNK_ROWS = 100_000
+
+
+def _chunks(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    pending: list[pa.RecordBatch] = []
+    count = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        pending.append(batch)
+        count += batch.num_rows
+        if count >= rows:
+            yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+            pending, count = [], 0
+    if pending:
+        yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
 
 
 @dataclass(frozen=True)
@@ -119,7 +139,7 @@ def write_task(
     try:
         if plan.keyed is not None:
             keyed = KeyedWriter(plan, metadata, io, writer, splitter, aligner, partition_id=who.partition_id, attempt=who.attempt)
-        for batch in batches:
+        for batch in _chunks(batches, CHUNK_ROWS):
             rows_in += batch.num_rows
             t0 = time.perf_counter()
             if keyed is not None:

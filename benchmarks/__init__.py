@@ -1,0 +1,4 @@
+"""lakesink write benchmarks: `python -m benchmarks run [--quick]`, `python -m benchmarks profile append`.
+
+See benchmarks/README.md.
+"""

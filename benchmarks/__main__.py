@@ -1,0 +1,129 @@
+"""Command line: `python -m benchmarks run [--quick] ...`, `python -m benchmarks profile append`, `... list`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+
+def _run(args: argparse.Namespace) -> int:
+    from benchmarks import harness, report, scenarios
+
+    config = harness.BenchConfig.for_mode(
+        args.quick,
+        rows=args.rows,
+        reps=args.reps,
+        warmup=args.warmup,
+        scenarios=args.scenarios.split(",") if args.scenarios else None,
+        workdir=Path(args.workdir).resolve() if args.workdir else None,
+        out_dir=Path(args.out).resolve() if args.out else None,
+        keep_outputs=args.keep or None,
+        spark_conf=dict(c.split("=", 1) for c in args.conf) if args.conf else None,
+    )
+    chosen = scenarios.select(config.scenarios)
+    started = time.perf_counter()
+    load_start = os.getloadavg()[0]
+    shutil.rmtree(config.workdir, ignore_errors=True)
+    config.workdir.mkdir(parents=True)
+    phase_log = harness.PhaseLog(config.workdir / "lakesink-phases.log")
+    harness.worker_environment(phase_log.path)
+    harness.log(f"{'quick' if config.quick else 'full'} run: {config.rows:,} rows, {config.warmup} warm-up + {config.reps} reps, "
+                f"scenarios {', '.join(s.id for s in chosen)}; workdir {config.workdir}")
+    spark = harness.start_spark(config)
+    rss = harness.RssSampler()
+    rss.start()
+    ctx = harness.BenchContext(config=config, spark=spark, rss=rss, phases=phase_log)
+    try:
+        t0 = time.perf_counter()
+        ctx.data = harness.generate_data(spark, config.rows).cache()
+        assert ctx.data.count() == config.rows
+        data_seconds = time.perf_counter() - t0
+        ctx.bytes_per_row = harness.arrow_bytes_per_row(ctx.data)
+        harness.log(f"data cached in {data_seconds:.1f} s, {ctx.bytes_per_row:.1f} Arrow bytes/row")
+        env = report.environment(spark)
+        results_list = []
+        for sc in chosen:
+            harness.log(f"scenario {sc.id}: {sc.title}")
+            results_list.append(sc.run(ctx))
+            for t in results_list[-1]["targets"]:
+                harness.log(f"  -> {t['name']}: {t['value']} (target {t['op']} {t['target']}) {'PASS' if t['passed'] else 'FAIL'}")
+        results = {
+            "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(config).items()},
+            "environment": env,
+            "bytes_per_row": round(ctx.bytes_per_row, 2),
+            "data_seconds": round(data_seconds, 2),
+            "load_avg_start": load_start,
+            "load_avg_end": os.getloadavg()[0],
+            "total_seconds": round(time.perf_counter() - started, 1),
+            "hwm_reset_ok": rss._reset_ok,
+            "scenarios": results_list,
+        }
+        for path in report.write_all(results, config.out_dir):
+            harness.log(f"wrote {path}")
+    finally:
+        rss.stop()
+        spark.stop()
+        if not config.keep_outputs:
+            shutil.rmtree(config.workdir, ignore_errors=True)
+    harness.log(f"done in {(time.perf_counter() - started) / 60:.1f} min")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    """Rebuild RESULTS.md and results.png from a results.json (no benchmark is run)."""
+    import json
+
+    from benchmarks import harness, report
+
+    source = Path(args.json).resolve() if args.json else harness.BENCH_DIR / "results.json"
+    results = json.loads(source.read_text())
+    for path in report.write_all(results, Path(args.out).resolve() if args.out else source.parent):
+        harness.log(f"wrote {path}")
+    return 0
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from benchmarks import profiling
+
+    return profiling.main(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the scenarios, write RESULTS.md, results.json, results.png")
+    run.add_argument("--quick", action="store_true", help="1M rows, 1 warm-up + 3 reps (a few minutes)")
+    run.add_argument("--rows", type=int, help="rows of generated data (default 5M, quick 1M)")
+    run.add_argument("--reps", type=int, help="timed repetitions per side (default 5, quick 3)")
+    run.add_argument("--warmup", type=int, help="warm-up runs per side (default 1)")
+    run.add_argument("--scenarios", help="comma-separated ids or names, e.g. 1,2 or append,streaming (default: all)")
+    run.add_argument("--workdir", help="scratch directory, deleted first and at the end (default /tmp/lakesink-bench)")
+    run.add_argument("--out", help="where RESULTS.md, results.json, results.png go (default benchmarks/)")
+    run.add_argument("--keep", action="store_true", help="keep the scratch directory and every written table")
+    run.add_argument("--conf", action="append", metavar="KEY=VALUE",
+                     help="extra Spark setting for the session (repeatable), e.g. spark.sql.execution.arrow.maxRecordsPerBatch=100000")
+    run.set_defaults(func=_run)
+    prof = sub.add_parser("profile", help="profile lakesink's Python side, write PROFILE.md")
+    prof.add_argument("target", choices=["append", "partitioned", "fanout"],
+                      help="which scenario's lakesink side to profile (append -> PROFILE.md, others -> PROFILE-<target>.md)")
+    prof.add_argument("--rows", type=int, default=5_000_000)
+    prof.add_argument("--workdir", default="/tmp/lakesink-bench-profile")
+    prof.add_argument("--out", help="where PROFILE.md goes (default benchmarks/)")
+    prof.add_argument("--top", type=int, default=25, help="functions listed per table")
+    prof.set_defaults(func=_profile)
+    rep = sub.add_parser("report", help="rebuild RESULTS.md and results.png from results.json (no run)")
+    rep.add_argument("--json", help="results.json to read (default benchmarks/results.json)")
+    rep.add_argument("--out", help="output directory (default: the JSON's directory)")
+    rep.set_defaults(func=_report)
+    lst = sub.add_parser("list", help="list the scenarios")
+    lst.set_defaults(func=lambda a: [print(f"{s.id}\t{s.key}\t{s.title}") for s in __import__("benchmarks.scenarios", fromlist=["x"]).SCENARIOS] and 0)
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,311 @@
+"""The scenarios: each is one function `(BenchContext) -> result dict`, registered below.
+
+A scenario builds its `Side`s (the timed writes), hands them to `harness.measure` (warm-up,
+alternating repetitions) and turns the medians into metrics and target checks. Later
+scenarios (4 upsert, 5 CDC, 6 read cost) plug in the same way: write a function, add a
+`Scenario` to `SCENARIOS`.
+
+Result dict keys: id, key, title, rows, sides {name: summary}, runs {name: [raw runs]},
+metrics {name: value}, targets [{name, value, target, op, passed, note}], notes [str],
+throughput {label: rows/s} (what the plot shows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from benchmarks.harness import (
+    CATEGORIES,
+    DAYS,
+    PARALLELISM,
+    SCHEMA_DDL,
+    BenchContext,
+    Side,
+    generate_data,
+    inspect_lakesink,
+    inspect_parquet_dir,
+    log,
+    measure,
+    summarize,
+)
+
+from benchmarks.keyed_scenarios import scenario_cdc, scenario_read_cost, scenario_upsert  # noqa: E402
+
+TABLE = "bench.t"
+OLAKE_ROWS_PER_S_PER_VCPU = 9_000
+STREAM_TARGET_FACTOR = 40
+
+
+@dataclass(frozen=True)
+class Scenario:
+    id: str
+    key: str
+    title: str
+    run: Callable[[BenchContext], dict[str, Any]]
+
+
+def _target(name: str, value: Optional[float], target: float, op: str, note: str = "") -> dict[str, Any]:
+    if value is None:
+        passed = None
+    elif op == ">=":
+        passed = value >= target
+    elif op == "<=":
+        passed = value <= target
+    elif op == "within":  # |value - 1| <= target
+        passed = abs(value - 1) <= target
+    else:
+        raise ValueError(op)
+    return {"name": name, "value": value, "target": target, "op": op, "passed": passed, "note": note}
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return round(a / b, 3) if a and b else None
+
+
+def _lakesink_batch(ctx: BenchContext, df, partition_by: Optional[str] = None) -> Side:  # type: ignore[no-untyped-def]
+    def run(d: Path) -> None:
+        writer = df.write.format("lakesink").option("table", TABLE).option("warehouse", str(d / "warehouse"))
+        if partition_by:
+            writer = writer.option("partition_by", partition_by)
+        writer.mode("append").save()
+
+    return Side("lakesink", run, lambda d: inspect_lakesink(d / "warehouse", TABLE), is_lakesink=True)
+
+
+def _spark_parquet(df, partition_col: Optional[str] = None) -> Side:  # type: ignore[no-untyped-def]
+    def run(d: Path) -> None:
+        writer = df.write.option("compression", "zstd")
+        if partition_col:
+            writer = writer.partitionBy(partition_col)
+        writer.parquet(str(d / "out"))
+
+    return Side("spark-parquet", run, lambda d: inspect_parquet_dir(d / "out"))
+
+
+def _result(ctx: BenchContext, sc_id: str, key: str, title: str, rows: int, runs: dict[str, list]) -> dict[str, Any]:
+    return {
+        "id": sc_id,
+        "key": key,
+        "title": title,
+        "rows": rows,
+        "runs": runs,
+        "sides": {name: summarize(recs, rows) for name, recs in runs.items()},
+        "metrics": {},
+        "targets": [],
+        "notes": [],
+        "throughput": {},
+    }
+
+
+def _side_value(res: dict[str, Any], side: str, key: str) -> Any:
+    s = res["sides"].get(side, {})
+    return s.get(key) if s.get("ok") else None
+
+
+# --------------------------------------------------------------------------- 1. append
+
+
+def scenario_append(ctx: BenchContext) -> dict[str, Any]:
+    df, rows = ctx.data, ctx.config.rows
+    runs = measure(ctx, "s1-append", [_lakesink_batch(ctx, df), _spark_parquet(df)], rows)
+    res = _result(ctx, "1", "append", "Append, unpartitioned: lakesink vs Spark Parquet (zstd)", rows, runs)
+    lk, sp = _side_value(res, "lakesink", "rows_per_s"), _side_value(res, "spark-parquet", "rows_per_s")
+    lk_out = res["sides"].get("lakesink", {}).get("output", {})
+    sp_out = res["sides"].get("spark-parquet", {}).get("output", {})
+    speed = _ratio(lk, sp)
+    size = _ratio(lk_out.get("bytes"), sp_out.get("bytes"))
+    res["metrics"] = {
+        "throughput_ratio": speed,
+        "bytes_ratio": size,
+        "lakesink_files": lk_out.get("files"),
+        "spark_files": sp_out.get("files"),
+        "lakesink_bytes": lk_out.get("bytes"),
+        "spark_bytes": sp_out.get("bytes"),
+    }
+    res["targets"] = [
+        _target("throughput lakesink / Spark", speed, 0.9, ">="),
+        _target("data bytes lakesink / Spark", size, 0.15, "within", "within 15% of Spark's total data-file bytes"),
+    ]
+    res["throughput"] = {"lakesink": lk, "spark-parquet": sp}
+    return res
+
+
+# --------------------------------------------------------------------------- 2. partitioned append
+
+
+def scenario_partitioned(ctx: BenchContext) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
+    df, rows = ctx.data, ctx.config.rows
+    # Spark needs a physical partition column: derived on the fly from the same cached
+    # DataFrame (a cheap projection), so both sides read exactly the same cached data.
+    with_day = df.withColumn("day", F.to_date("ts"))
+    sides = [_lakesink_batch(ctx, df, partition_by="days(ts)"), _spark_parquet(with_day, partition_col="day")]
+    runs = measure(ctx, "s2-partitioned", sides, rows)
+    res = _result(ctx, "2", "partitioned", f"Append partitioned by days(ts) ({DAYS} days): lakesink vs Spark partitionBy(day)", rows, runs)
+    lk, sp = _side_value(res, "lakesink", "rows_per_s"), _side_value(res, "spark-parquet", "rows_per_s")
+    lk_out = res["sides"].get("lakesink", {}).get("output", {})
+    sp_out = res["sides"].get("spark-parquet", {}).get("output", {})
+    speed = _ratio(lk, sp)
+    res["metrics"] = {
+        "throughput_ratio": speed,
+        "bytes_ratio": _ratio(lk_out.get("bytes"), sp_out.get("bytes")),
+        "lakesink_files": lk_out.get("files"),
+        "spark_files": sp_out.get("files"),
+    }
+    res["targets"] = [_target("throughput lakesink / Spark", speed, 1.0, ">=")]
+    res["throughput"] = {"lakesink": lk, "spark-parquet": sp}
+    return res
+
+
+# --------------------------------------------------------------------------- 3. streaming append
+
+
+def _stream_input(ctx: BenchContext) -> Path:
+    """Pre-generated Parquet input (same rows as the batch data), written once per session."""
+    path = ctx.cache.get("stream_input")
+    if path is None:
+        path = ctx.config.workdir / "stream-input"
+        log(f"writing streaming input: {ctx.config.rows:,} rows in {ctx.config.stream_files} Parquet files")
+        generate_data(ctx.spark, ctx.config.rows, partitions=ctx.config.stream_files).write.mode("overwrite").option(
+            "compression", "zstd"
+        ).parquet(str(path))
+        ctx.cache["stream_input"] = path
+    return path
+
+
+def _stream_source(ctx: BenchContext, source: Path):  # type: ignore[no-untyped-def]
+    return (
+        ctx.spark.readStream.schema(SCHEMA_DDL)
+        .option("maxFilesPerTrigger", ctx.config.stream_files_per_trigger)
+        .parquet(str(source))
+    )
+
+
+def _run_query(query) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """Wait for an availableNow query; return its progress summed over micro-batches."""
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(str(query.exception()))
+    progress = query.recentProgress
+    out: dict[str, Any] = {"batches": len(progress), "batches_with_rows": sum(1 for p in progress if p.numInputRows)}
+    for p in progress:
+        for key, ms in (p.durationMs or {}).items():
+            out[f"{key}_s"] = round(out.get(f"{key}_s", 0.0) + ms / 1000, 3)
+    return out
+
+
+def scenario_streaming(ctx: BenchContext) -> dict[str, Any]:
+    source, rows = _stream_input(ctx), ctx.config.rows
+
+    def lakesink(d: Path) -> dict[str, Any]:
+        query = (
+            _stream_source(ctx, source)
+            .writeStream.format("lakesink")
+            .option("table", TABLE)
+            .option("warehouse", str(d / "warehouse"))
+            .option("checkpointLocation", str(d / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        return _run_query(query)
+
+    def spark_files(d: Path) -> dict[str, Any]:
+        query = (
+            _stream_source(ctx, source)
+            .writeStream.format("parquet")
+            .option("path", str(d / "out"))
+            .option("compression", "zstd")
+            .option("checkpointLocation", str(d / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        return _run_query(query)
+
+    sides = [
+        Side("lakesink", lakesink, lambda d: inspect_lakesink(d / "warehouse", TABLE), is_lakesink=True),
+        Side("spark-parquet", spark_files, lambda d: inspect_parquet_dir(d / "out")),
+    ]
+    runs = measure(ctx, "s3-streaming", sides, rows)
+    batches = -(-ctx.config.stream_files // ctx.config.stream_files_per_trigger)
+    res = _result(
+        ctx, "3", "streaming",
+        f"Streaming append, availableNow over {ctx.config.stream_files} Parquet files "
+        f"({ctx.config.stream_files_per_trigger} per trigger = {batches} micro-batches)",
+        rows, runs,
+    )
+    lk, sp = _side_value(res, "lakesink", "rows_per_s"), _side_value(res, "spark-parquet", "rows_per_s")
+    per_core = round(lk / PARALLELISM, 1) if lk else None
+    target = OLAKE_ROWS_PER_S_PER_VCPU * STREAM_TARGET_FACTOR
+    res["metrics"] = {
+        "rows_per_s_per_core": per_core,
+        "x_olake_anchor": round(per_core / OLAKE_ROWS_PER_S_PER_VCPU, 1) if per_core else None,
+        "spark_rows_per_s_per_core": round(sp / PARALLELISM, 1) if sp else None,
+        "throughput_ratio_vs_spark_file_sink": _ratio(lk, sp),
+        "micro_batches": batches,
+    }
+    res["targets"] = [
+        _target("lakesink rows/s per core", per_core, target, ">=", f"{STREAM_TARGET_FACTOR}x OLake's ~{OLAKE_ROWS_PER_S_PER_VCPU:,} rows/s/vCPU"),
+    ]
+    res["notes"].append(
+        "Wall time from start() to the end of awaitTermination(): query start, file listing, every micro-batch "
+        "(read Parquet, write, commit) and the checkpoint writes. Spark's own file sink is run the same way as a reference."
+    )
+    res["throughput"] = {"lakesink": lk, "spark-parquet": sp}
+    return res
+
+
+# --------------------------------------------------------------------------- 7. fanout memory
+
+
+def scenario_fanout(ctx: BenchContext) -> dict[str, Any]:
+    df, rows = ctx.data, ctx.config.rows
+    sides = [_lakesink_batch(ctx, df, partition_by="cat"), _spark_parquet(df, partition_col="cat")]
+    runs = measure(ctx, "s7-fanout", sides, rows)
+    res = _result(ctx, "7", "fanout", f"Fanout: one batch over {CATEGORIES} identity partitions (cat)", rows, runs)
+    lk = res["sides"].get("lakesink", {})
+    sp = res["sides"].get("spark-parquet", {})
+    lk_out, sp_out = lk.get("output", {}), sp.get("output", {})
+    res["metrics"] = {
+        "peak_task_worker_mb": lk.get("peak_task_worker_mb"),
+        "lakesink_files": lk_out.get("files"),
+        "lakesink_avg_file_kb": round(lk_out["avg_file_bytes"] / 1024, 1) if lk_out.get("avg_file_bytes") else None,
+        "lakesink_bytes": lk_out.get("bytes"),
+        "spark_files": sp_out.get("files"),
+        "spark_avg_file_kb": round(sp_out["avg_file_bytes"] / 1024, 1) if sp_out.get("avg_file_bytes") else None,
+        "spark_bytes": sp_out.get("bytes"),
+        "throughput_ratio": _ratio(_side_value(res, "lakesink", "rows_per_s"), _side_value(res, "spark-parquet", "rows_per_s")),
+        "input_arrow_mib_per_task": round(ctx.bytes_per_row * rows / PARALLELISM / 2**20, 1),
+    }
+    res["notes"].append(
+        "No numeric target in the issue: reported for bounded memory. The rolling writer buffers at most 256 MiB of "
+        "Arrow data per task (plus one incoming batch) and keeps at most 100 files open."
+    )
+    res["throughput"] = {"lakesink": _side_value(res, "lakesink", "rows_per_s"), "spark-parquet": _side_value(res, "spark-parquet", "rows_per_s")}
+    return res
+
+
+SCENARIOS: list[Scenario] = [
+    Scenario("1", "append", "Append, unpartitioned", scenario_append),
+    Scenario("2", "partitioned", "Append, partitioned by days(ts)", scenario_partitioned),
+    Scenario("3", "streaming", "Streaming append (availableNow)", scenario_streaming),
+    Scenario("4", "upsert", "Upsert vs pyiceberg and delta-rs", scenario_upsert),
+    Scenario("5", "cdc", "CDC mix with a sequence column", scenario_cdc),
+    Scenario("6", "read", "Read cost of deletion vectors (DuckDB)", scenario_read_cost),
+    Scenario("7", "fanout", "Fanout memory, 1000 partitions", scenario_fanout),
+]
+
+
+def select(names: Optional[list[str]]) -> list[Scenario]:
+    if not names:
+        return list(SCENARIOS)
+    chosen = []
+    for name in names:
+        match = [s for s in SCENARIOS if name in (s.id, s.key)]
+        if not match:
+            valid = ", ".join(f"{s.id}/{s.key}" for s in SCENARIOS)
+            raise SystemExit(f"unknown scenario {name!r} (valid: {valid})")
+        chosen.extend(m for m in match if m not in chosen)
+    return chosen
