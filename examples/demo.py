@@ -37,20 +37,6 @@ def make_input(folder: str, batches: int, rows: int) -> None:
         os.utime(path, (1_700_000_000 + b, 1_700_000_000 + b))  # file source order = batch order
 
 
-def duckdb_connection():  # type: ignore[no-untyped-def]
-    import glob
-
-    import duckdb
-    import duckdb_extension_avro
-    import duckdb_extension_iceberg
-
-    con = duckdb.connect(config={"autoload_known_extensions": False, "autoinstall_known_extensions": False})
-    for module in (duckdb_extension_avro, duckdb_extension_iceberg):  # avro first
-        path = glob.glob(os.path.join(os.path.dirname(module.__file__), "extensions", "**", "*.duckdb_extension"), recursive=True)[0]
-        con.execute(f"LOAD '{path}'")
-    return con
-
-
 def main() -> None:
     from pyspark.sql import SparkSession
 
@@ -96,7 +82,9 @@ def main() -> None:
         print(f"  snapshot {snap.snapshot_id}: {s.operation.value}, batch {s.get('spark.sql.streaming.epochId')}, "
               f"+{s.get('added-records')} rows in {s.get('added-data-files')} files, total {s.get('total-records')}")
 
-    con = duckdb_connection()
+    from lakesink_datasource.duckdb_reader import connect
+
+    con = connect()
     scan = f"iceberg_scan('{table.metadata_location}')"
     rows, users, total = con.execute(f"SELECT count(*), count(DISTINCT user), round(sum(amount), 2) FROM {scan}").fetchone()
     print(f"\nDuckDB {con.execute('select version()').fetchone()[0]} reads: {rows} rows, {users} users, amount total {total}")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import glob
-import os
 from collections import Counter
 from datetime import datetime, timezone
 from typing import Any, Iterable, Optional, Sequence
@@ -14,23 +12,12 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
 
 import lakesink_datasource  # noqa: F401  (v3 metadata support for pyiceberg)
-
-
-def _extension(module: Any) -> str:
-    found = glob.glob(os.path.join(os.path.dirname(module.__file__), "extensions", "**", "*.duckdb_extension"), recursive=True)
-    assert found, f"no DuckDB extension file in {module.__name__}"
-    return found[0]
+from lakesink_datasource import duckdb_reader
 
 
 def duckdb_connection() -> duckdb.DuckDBPyConnection:
     """DuckDB with the iceberg + avro extensions loaded from the PyPI packages, no autoload."""
-    import duckdb_extension_avro
-    import duckdb_extension_iceberg
-
-    con = duckdb.connect(config={"autoload_known_extensions": False, "autoinstall_known_extensions": False})
-    con.execute(f"LOAD '{_extension(duckdb_extension_avro)}'")
-    con.execute(f"LOAD '{_extension(duckdb_extension_iceberg)}'")
-    return con
+    return duckdb_reader.connect()
 
 
 def embedded_catalog(warehouse: str) -> SqlCatalog:

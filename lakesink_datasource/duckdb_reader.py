@@ -1,0 +1,33 @@
+"""DuckDB as an independent reader of lakesink tables (demo, tests, benchmarks).
+
+DuckDB shares no code with lakesink and applies Iceberg v3 deletion vectors. Its iceberg and
+avro extensions come from the PyPI packages `duckdb-extension-iceberg` and
+`duckdb-extension-avro` (installed with `lakesink-datasource[test]`), loaded from their files
+with autoloading off, so nothing is fetched at run time.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any
+
+
+def _extension_file(module: Any) -> str:
+    pattern = os.path.join(os.path.dirname(module.__file__), "extensions", "**", "*.duckdb_extension")
+    found = glob.glob(pattern, recursive=True)
+    if not found:
+        raise FileNotFoundError(f"no DuckDB extension file in the {module.__name__} package")
+    return found[0]
+
+
+def connect():  # type: ignore[no-untyped-def]
+    """A DuckDB connection with the avro and iceberg extensions loaded (avro first)."""
+    import duckdb
+    import duckdb_extension_avro
+    import duckdb_extension_iceberg
+
+    con = duckdb.connect(config={"autoload_known_extensions": False, "autoinstall_known_extensions": False})
+    for module in (duckdb_extension_avro, duckdb_extension_iceberg):
+        con.execute(f"LOAD '{_extension_file(module)}'")
+    return con
