@@ -485,7 +485,11 @@ class KeyIndex:
                 chain = superseded.get(key)
                 if chain is None or prev not in chain:
                     continue
-                while prev in chain:
+                # Follow what each rolled-back write had replaced; values can repeat (a key
+                # written back to an earlier value), so stop at the first one seen twice.
+                seen: set[bytes | None] = set()
+                while prev in chain and prev not in seen:
+                    seen.add(prev)
                     prev = chain[prev]
                 records[i] = (key, prev, new)
                 changed = True
