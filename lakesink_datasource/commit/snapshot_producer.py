@@ -41,6 +41,7 @@ from lakesink_datasource.commit.manifests import (
 )
 from lakesink_datasource.commit.summary import ChangeCounts, build_summary
 from lakesink_datasource.deletes.puffin import PuffinWriter
+from lakesink_datasource.table.live_files import live_data_files, live_deletion_vectors, read_deletion_vector
 
 
 def new_snapshot_id() -> int:
@@ -197,8 +198,6 @@ class SnapshotProducer:
         pending = self._delta.position_deletes
         if not pending:
             return [], []
-        from lakesink_datasource.table.live_files import live_deletion_vectors, read_deletion_vector
-
         self._check_targets_still_live(metadata, set(pending))
         self._check_targets_exist(metadata, set(pending))
         live = live_deletion_vectors(self._io, metadata.current_snapshot())
@@ -262,8 +261,6 @@ class SnapshotProducer:
         position in any other file means a task resolved a key against a row that never
         committed (a failed task attempt whose changes other tasks of the batch saw): the
         key's committed row would stay visible, so the batch must not land."""
-        from lakesink_datasource.table.live_files import live_data_files
-
         missing = targets - {f.file_path for f in self._delta.added_data_files}
         if missing:
             missing -= {e.data_file.file_path for e in live_data_files(self._io, metadata.current_snapshot())}

@@ -29,11 +29,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
-from pyiceberg.manifest import DataFile
+from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntryStatus
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Snapshot
 
 from lakesink_datasource.commit.idempotency import WRITE_ID, ancestors, snapshots_after
+from lakesink_datasource.commit.manifests import read_entries, read_manifest_list
 from lakesink_datasource.index.file_refs import FileRef, encode_ref
 from lakesink_datasource.index.key_encoding import encode_keys
 from lakesink_datasource.index.key_index import IndexState, KeyIndex, Location
@@ -45,6 +46,9 @@ log = logging.getLogger("lakesink")
 HOSTS = "lakesink.hosts"  # summary key: hosts whose tasks contributed to a keyed batch
 TOMBSTONES = "lakesink.tombstones"  # summary key: Parquet files of the batch's sequenced deletes
 TOMBSTONE_DIR = "lakesink-tombstones"
+# The index's own format, shared with the task-side writer (write/keyed.py):
+TOMBSTONE = 0xFFFF_FFFF  # file ordinal of a deleted key that remembers its sequence
+SEQUENCE = "__lakesink_sequence"  # the sequence column's name in tombstone files
 _REBUILD_TOKEN = "rebuild"
 
 
@@ -108,8 +112,6 @@ def restore_tombstones(index: KeyIndex, io: FileIO, metadata: TableMetadata, col
     for keys that are not live: the highest deleted sequence per key is kept."""
     if columns.sequence is None:
         return 0
-    from lakesink_datasource.write.keyed import TOMBSTONE, SEQUENCE  # the task-side format
-
     newest: dict[bytes, bytes] = {}
     for snapshot in reversed(list(ancestors(metadata))):
         props = snapshot.summary.additional_properties if snapshot.summary else {}
@@ -154,9 +156,6 @@ def _path_since(metadata: TableMetadata, since: Optional[int]) -> Optional[list[
 
 
 def _added_files(io: FileIO, metadata: TableMetadata, snapshot: Snapshot) -> list[tuple[DataFile, int]]:
-    from lakesink_datasource.commit.manifests import read_entries, read_manifest_list
-    from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
-
     out = []
     for manifest in read_manifest_list(io, snapshot.manifest_list):
         if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:

@@ -31,7 +31,15 @@ from pyroaring import BitMap64
 from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.host_lock import host_lock
 from lakesink_datasource.index.key_index import KeyIndex, Location, open_index, pack_location, pack_locations
-from lakesink_datasource.index.sync import KeyColumns, default_index_dir, host_name, sync, token_for
+from lakesink_datasource.index.sync import (
+    SEQUENCE,
+    TOMBSTONE,
+    KeyColumns,
+    default_index_dir,
+    host_name,
+    sync,
+    token_for,
+)
 from lakesink_datasource.io.partitioning import PartitionSplitter
 from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
 from lakesink_datasource.schema.arrow_align import BatchAligner
@@ -39,8 +47,6 @@ from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.write.changes import resolve_changes
 from lakesink_datasource.write.messages import PositionDeletesMessage
 
-TOMBSTONE = 0xFFFF_FFFF  # file ordinal of a deleted key that remembers its sequence
-SEQUENCE = "__lakesink_sequence"  # the sequence column's name in tombstone files
 CHUNK_ROWS = 65536
 
 
