@@ -22,9 +22,10 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = BENCH_DIR.parent
@@ -50,7 +51,7 @@ class BenchConfig:
     rows: int = 5_000_000
     reps: int = 5
     warmup: int = 1
-    scenarios: Optional[list[str]] = None  # None: every registered scenario
+    scenarios: list[str] | None = None  # None: every registered scenario
     workdir: Path = Path("/tmp/lakesink-bench")
     out_dir: Path = BENCH_DIR
     driver_memory: str = "4g"
@@ -60,7 +61,7 @@ class BenchConfig:
     spark_conf: dict[str, str] = field(default_factory=dict)  # extra --conf settings, e.g. Arrow batch size
 
     @classmethod
-    def for_mode(cls, quick: bool, **overrides: Any) -> "BenchConfig":
+    def for_mode(cls, quick: bool, **overrides: Any) -> BenchConfig:
         base = cls(quick=True, rows=1_000_000, reps=3, warmup=1) if quick else cls()
         for key, value in overrides.items():
             if value is not None:
@@ -68,7 +69,7 @@ class BenchConfig:
         return base
 
 
-def worker_environment(phase_log: Path, extra: Optional[dict[str, str]] = None) -> None:
+def worker_environment(phase_log: Path, extra: dict[str, str] | None = None) -> None:
     """Environment the JVM and every Python worker inherit. Call before the session starts."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -83,7 +84,7 @@ def worker_environment(phase_log: Path, extra: Optional[dict[str, str]] = None) 
         os.environ[key] = value
 
 
-def start_spark(config: BenchConfig, extra_conf: Optional[dict[str, str]] = None):  # type: ignore[no-untyped-def]
+def start_spark(config: BenchConfig, extra_conf: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
     from pyspark.sql import SparkSession
 
     builder = (
@@ -175,7 +176,7 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _ppid(pid: int) -> Optional[int]:
+def _ppid(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat") as fh:
             return int(fh.read().rsplit(")", 1)[1].split()[1])
@@ -186,7 +187,7 @@ def _ppid(pid: int) -> Optional[int]:
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_ticks(pid: int) -> Optional[tuple[int, int]]:
+def _cpu_ticks(pid: int) -> tuple[int, int] | None:
     """(utime + stime of a process and all its threads, its start time since boot), in clock ticks."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
@@ -202,7 +203,7 @@ def _uptime_ticks() -> int:
 
 
 def _descendants(root: int) -> list[int]:
-    parents: dict[int, Optional[int]] = {}
+    parents: dict[int, int | None] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             parents[int(entry)] = _ppid(int(entry))
@@ -223,7 +224,7 @@ class ProcInfo:
     cmd: str
 
 
-def classify(pid: int, cmd: str, parent_cmd: str) -> Optional[str]:
+def classify(pid: int, cmd: str, parent_cmd: str) -> str | None:
     """Role of one of our Spark processes, or None when it is not one we track.
 
     Spark's Python processes are `python -m pyspark.daemon <worker module>`: the daemon is
@@ -268,10 +269,10 @@ class RssSampler:
         # One scan of /proc takes ~4 ms here: at 5 Hz the sampler costs ~2% of one core.
         self.interval = interval
         self._lock = threading.Lock()
-        self._window: Optional[dict[int, dict[str, Any]]] = None
+        self._window: dict[int, dict[str, Any]] | None = None
         self._stop = threading.Event()
-        self._jvm: Optional[int] = None
-        self._reset_ok: Optional[bool] = None
+        self._jvm: int | None = None
+        self._reset_ok: bool | None = None
         self._window_start_ticks = 0
         self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
 
@@ -329,7 +330,7 @@ class RssSampler:
         while not self._stop.wait(self.interval):
             try:
                 self._sample()
-            except Exception:  # noqa: BLE001 - the sampler must never break a run
+            except Exception:
                 pass
 
     def begin(self) -> None:
@@ -395,7 +396,7 @@ class PhaseLog:
             fh.seek(self._offset)
             text = fh.read()
         self._offset += len(text.encode())
-        totals: dict[str, float] = {k: 0.0 for k in _PHASE_KEYS}
+        totals: dict[str, float] = dict.fromkeys(_PHASE_KEYS, 0.0)
         commits = 0
         for line in text.splitlines():
             if "committed snapshot" not in line:
@@ -474,7 +475,7 @@ class Side:
     """One way of doing a scenario's write. `run` is the only timed call."""
 
     name: str
-    run: Callable[[Path], Optional[dict[str, Any]]]  # gets a fresh, empty directory; may return extra figures
+    run: Callable[[Path], dict[str, Any] | None]  # gets a fresh, empty directory; may return extra figures
     inspect: Callable[[Path], dict[str, Any]]  # after timing: files, bytes, rows
     is_lakesink: bool = False
 
@@ -499,7 +500,7 @@ def cache_status(spark) -> dict[str, Any]:  # type: ignore[no-untyped-def]
             "disk_mb": round(sum(i.diskSize() for i in infos) / 2**20, 1),
             "cached_partitions": sum(i.numCachedPartitions() for i in infos),
         }
-    except Exception as exc:  # noqa: BLE001 - diagnostics only
+    except Exception as exc:
         return {"error": str(exc)[:200]}
 
 
@@ -519,7 +520,7 @@ def run_once(ctx: BenchContext, scenario: str, side: Side, index: int, rows: int
     extra = None
     try:
         extra = side.run(run_dir)
-    except Exception as exc:  # noqa: BLE001 - reported, the other runs go on
+    except Exception as exc:
         error = f"{type(exc).__name__}: {str(exc)[:500]}"
     seconds = time.perf_counter() - started
     memory = ctx.rss.end()
@@ -542,7 +543,7 @@ def run_once(ctx: BenchContext, scenario: str, side: Side, index: int, rows: int
             record["output"] = side.inspect(run_dir)
             if record["output"].get("rows") != rows:
                 error = f"expected {rows} rows in the output, found {record['output'].get('rows')}"
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             error = f"inspect failed: {type(exc).__name__}: {exc}"
     if error:
         record["error"] = error

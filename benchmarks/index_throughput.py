@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa

@@ -11,8 +11,9 @@ from __future__ import annotations
 import shutil
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -120,7 +121,7 @@ def _pyiceberg_engine(root: Path) -> _Engine:
     return _Engine("pyiceberg", build, upsert, lambda: catalog.load_table("bench.keyed").scan().to_arrow().num_rows)
 
 
-def _delta_engine(root: Path) -> Optional[_Engine]:
+def _delta_engine(root: Path) -> _Engine | None:
     try:
         from deltalake import DeltaTable, write_deltalake
     except ImportError:
@@ -187,7 +188,7 @@ def scenario_upsert(ctx: BenchContext) -> dict[str, Any]:
         engines_large.append(delta_large)
     large_times = _run_upserts(ctx, large, batch_rows, engines_large, reps, "large")
 
-    def med(times: dict[str, list[float]], name: str) -> Optional[float]:
+    def med(times: dict[str, list[float]], name: str) -> float | None:
         return statistics.median(times[name]) if times.get(name) else None
 
     lk_s, py_s, dl_s = med(small_times, "lakesink"), med(small_times, "pyiceberg"), med(small_times, "delta-rs")
@@ -195,7 +196,7 @@ def scenario_upsert(ctx: BenchContext) -> dict[str, Any]:
     x_py = round(py_s / lk_s, 1) if lk_s and py_s else None
     scale = round(lk_l / lk_s, 3) if lk_l and lk_s else None
     sides = {}
-    for tag, times, size in (("small", small_times, small), ("large", large_times, large)):
+    for _tag, times, size in (("small", small_times, small), ("large", large_times, large)):
         for name, secs in times.items():
             if secs:
                 m = statistics.median(secs)
@@ -280,7 +281,7 @@ def scenario_cdc(ctx: BenchContext) -> dict[str, Any]:
         "sides": {"lakesink": {"ok": True, "reps": batches, "median_s": round(p50, 3), "min_s": round(min(latencies), 3),
                                "max_s": round(max(latencies), 3), "rows_per_s": round(batch_rows * batches / total, 1)}},
         "metrics": {"sustained_rows_per_s": round(batch_rows * batches / total, 1), "latency_p50_s": round(p50, 3),
-                    "latency_p95_s": round(p95, 3), "live_rows_at_end": int(len(live))},
+                    "latency_p95_s": round(p95, 3), "live_rows_at_end": len(live)},
         "targets": [],
         "notes": ["No numeric target in the issue: sustained rows/s and per-batch latency (end to end through Spark)."],
         "throughput": {"lakesink cdc": round(batch_rows * batches / total, 1)},

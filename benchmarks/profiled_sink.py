@@ -22,16 +22,16 @@ import json
 import os
 import time
 import uuid
-from typing import Iterator, List, Optional
+from collections.abc import Iterator
 
 import pyarrow as pa
 from pyspark.sql.datasource import WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from lakesink_datasource.datasource import LakeSinkBatchWriter, LakeSinkDataSource
+from lakesink_datasource.messages import LakeSinkCommitMessage
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.table.setup import plan_write
-from lakesink_datasource.write.messages import LakeSinkCommitMessage
 
 
 class TimedIterator:
@@ -43,7 +43,7 @@ class TimedIterator:
         self.batches = 0
         self.rows = 0
 
-    def __iter__(self) -> "TimedIterator":
+    def __iter__(self) -> TimedIterator:
         return self
 
     def __next__(self) -> pa.RecordBatch:
@@ -106,7 +106,7 @@ class ProfiledBatchWriter(LakeSinkBatchWriter):
 
         return _run("task", lambda: LakeSinkBatchWriter.write(self, timed), extra)  # type: ignore[return-value]
 
-    def commit(self, messages: List[Optional[WriterCommitMessage]]) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         _run("commit", lambda: LakeSinkBatchWriter.commit(self, messages), lambda: {"tasks": len(messages)})
 
 

@@ -25,7 +25,7 @@ import shutil
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from benchmarks import harness
 
@@ -48,7 +48,7 @@ KEY_FUNCTIONS = [
 ]
 
 
-def _cumulative(stats: pstats.Stats, suffix: str, func: str) -> Optional[float]:
+def _cumulative(stats: pstats.Stats, suffix: str, func: str) -> float | None:
     total, found = 0.0, False
     for (filename, _line, name), (_cc, _nc, _tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
         if name == func and filename.replace("\\", "/").endswith(suffix):
@@ -78,7 +78,7 @@ def _short_paths(text: str) -> str:
     return text
 
 
-def _load(files: list[str]) -> Optional[pstats.Stats]:
+def _load(files: list[str]) -> pstats.Stats | None:
     if not files:
         return None
     stats = pstats.Stats(files[0])
@@ -103,14 +103,14 @@ def _spark_profilers(spark, df, workdir: Path) -> dict[str, str]:  # type: ignor
             with contextlib.redirect_stdout(buf):
                 try:
                     spark.profile.show(type=kind)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     print(f"error: {exc}")
             out[f"spark.profile.show(type={kind!r}) with spark.sql.pyspark.udf.profiler=perf"] = buf.getvalue().strip()
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
             try:
                 spark.sparkContext.show_profiles()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 print(f"error: {exc}")
         out["sc.show_profiles() with spark.python.profile=true"] = buf.getvalue().strip()
     finally:
@@ -118,7 +118,7 @@ def _spark_profilers(spark, df, workdir: Path) -> dict[str, str]:  # type: ignor
     return out
 
 
-def _direct(df, rows: int, workdir: Path, partition_by: Optional[str]) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def _direct(df, rows: int, workdir: Path, partition_by: str | None) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     """write_task on one task's share of the rows, outside Spark."""
     import cProfile
 
@@ -185,9 +185,10 @@ def _measure_memory(run) -> dict[str, Any]:  # type: ignore[no-untyped-def]
             writers.append(self)
 
     def status(key: str) -> int:
-        for line in open("/proc/self/status"):
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
         return 0
 
     peak_arrow = [0]
@@ -225,7 +226,7 @@ TARGETS = {
 }
 
 
-def _lakesink_write(df, fmt: str, warehouse: Path, partition_by: Optional[str]) -> float:  # type: ignore[no-untyped-def]
+def _lakesink_write(df, fmt: str, warehouse: Path, partition_by: str | None) -> float:  # type: ignore[no-untyped-def]
     writer = df.write.format(fmt).option("table", "bench.t").option("warehouse", str(warehouse))
     if partition_by:
         writer = writer.option("partition_by", partition_by)
@@ -366,7 +367,7 @@ TITLES = {
 }
 
 
-def write_profile(path: Path, target: str, partition_by: Optional[str], config: harness.BenchConfig, env: dict[str, Any],
+def write_profile(path: Path, target: str, partition_by: str | None, config: harness.BenchConfig, env: dict[str, Any],
                   warm_s: float, spark_profilers: dict[str, str], runs: dict[str, Any], sizes: dict[str, Any],
                   direct: dict[str, Any], top: int) -> None:
     rows = config.rows

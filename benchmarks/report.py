@@ -8,7 +8,7 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 PHASE_NOTE = (
     "`partition_s` (align + split by partition) and `write_s` (buffer, encode, compress, "
@@ -28,18 +28,15 @@ def environment(spark) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     mem_kb = 0
     cpu = platform.processor() or "?"
     try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemTotal:"):
-                mem_kb = int(line.split()[1])
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        with open("/proc/meminfo") as f:
+            mem_kb = next((int(line.split()[1]) for line in f if line.startswith("MemTotal:")), 0)
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
     try:
         java = spark.sparkContext._jvm.System.getProperty("java.version")
-    except Exception:  # noqa: BLE001
+    except Exception:
         java = "?"
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -57,7 +54,7 @@ def environment(spark) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     }
 
 
-def _mb(n: Optional[float]) -> str:
+def _mb(n: float | None) -> str:
     return "-" if n is None else f"{n / 2**20:,.1f}"
 
 
@@ -65,7 +62,7 @@ def _num(v: Any, fmt: str = "{:,.0f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def _pass(p: Optional[bool]) -> str:
+def _pass(p: bool | None) -> str:
     return "n/a" if p is None else ("**PASS**" if p else "**FAIL**")
 
 
@@ -75,7 +72,7 @@ def _target_text(t: dict[str, Any]) -> str:
     return f"{t['op']} {t['target']:,}" if t["target"] >= 100 else f"{t['op']} {t['target']}"
 
 
-def _value_text(v: Optional[float]) -> str:
+def _value_text(v: float | None) -> str:
     if v is None:
         return "-"
     if isinstance(v, int):

@@ -12,9 +12,10 @@ throughput {label: rows/s} (what the plot shows).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from benchmarks.harness import (
     CATEGORIES,
@@ -30,8 +31,7 @@ from benchmarks.harness import (
     measure,
     summarize,
 )
-
-from benchmarks.keyed_scenarios import scenario_cdc, scenario_read_cost, scenario_upsert  # noqa: E402
+from benchmarks.keyed_scenarios import scenario_cdc, scenario_read_cost, scenario_upsert
 
 TABLE = "bench.t"
 OLAKE_ROWS_PER_S_PER_VCPU = 9_000
@@ -46,7 +46,7 @@ class Scenario:
     run: Callable[[BenchContext], dict[str, Any]]
 
 
-def _target(name: str, value: Optional[float], target: float, op: str, note: str = "") -> dict[str, Any]:
+def _target(name: str, value: float | None, target: float, op: str, note: str = "") -> dict[str, Any]:
     if value is None:
         passed = None
     elif op == ">=":
@@ -60,11 +60,11 @@ def _target(name: str, value: Optional[float], target: float, op: str, note: str
     return {"name": name, "value": value, "target": target, "op": op, "passed": passed, "note": note}
 
 
-def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a and b else None
 
 
-def _lakesink_batch(ctx: BenchContext, df, partition_by: Optional[str] = None) -> Side:  # type: ignore[no-untyped-def]
+def _lakesink_batch(ctx: BenchContext, df, partition_by: str | None = None) -> Side:  # type: ignore[no-untyped-def]
     def run(d: Path) -> None:
         writer = df.write.format("lakesink").option("table", TABLE).option("warehouse", str(d / "warehouse"))
         if partition_by:
@@ -74,7 +74,7 @@ def _lakesink_batch(ctx: BenchContext, df, partition_by: Optional[str] = None) -
     return Side("lakesink", run, lambda d: inspect_lakesink(d / "warehouse", TABLE), is_lakesink=True)
 
 
-def _spark_parquet(df, partition_col: Optional[str] = None) -> Side:  # type: ignore[no-untyped-def]
+def _spark_parquet(df, partition_col: str | None = None) -> Side:  # type: ignore[no-untyped-def]
     def run(d: Path) -> None:
         writer = df.write.option("compression", "zstd")
         if partition_col:
@@ -298,7 +298,7 @@ SCENARIOS: list[Scenario] = [
 ]
 
 
-def select(names: Optional[list[str]]) -> list[Scenario]:
+def select(names: list[str] | None) -> list[Scenario]:
     if not names:
         return list(SCENARIOS)
     chosen = []

@@ -16,8 +16,8 @@ from datetime import datetime, timedelta, timezone
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 
 def make_input(folder: str, batches: int, rows: int) -> None:

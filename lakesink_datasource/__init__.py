@@ -1,13 +1,19 @@
 """lakesink: exactly-once streaming, batch and SQL writes from PySpark into Apache Iceberg v3."""
 
-from lakesink_datasource.compat import pyiceberg_v3 as _pyiceberg_v3  # noqa: F401  (v3 metadata writes)
+from __future__ import annotations
 
-__version__ = "0.1.0"
+from typing import Any
+
+from lakesink_datasource.iceberg import compat as _compat
+from lakesink_datasource.version import __version__
+
+_compat.check_version()  # fail at import, not at the first commit, on an unvetted pyiceberg
 
 __all__ = ["LakeSinkDataSource", "__version__"]
 
 
-def __getattr__(name: str):  # lazy: executors importing submodules need not import pyspark.sql.datasource eagerly
+def __getattr__(name: str) -> Any:
+    # Lazy: executors importing submodules need not import pyspark.sql.datasource eagerly.
     if name == "LakeSinkDataSource":
         from lakesink_datasource.datasource import LakeSinkDataSource
 

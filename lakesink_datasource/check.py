@@ -12,7 +12,7 @@ violations as a list (empty = OK).
 Manifests are read with lakesink's own readers (`commit.manifests`): pyiceberg 0.12's
 readers drop the v3 fields (`first_row_id`, 143-145) these checks are about.
 
-What is checked (notes `iceberg-v3-write-notes.md` sections 3, 4, 5.1, 7):
+What is checked (the rules of docs/format.md):
 
 * row lineage (v3, over all snapshots): every snapshot has `first-row-id` and
   `added-rows`; their ranges increase in commit order without overlapping; the table's
@@ -34,11 +34,12 @@ What is checked (notes `iceberg-v3-write-notes.md` sections 3, 4, 5.1, 7):
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 from pyiceberg.catalog import load_catalog
 from pyiceberg.io import FileIO
@@ -55,19 +56,19 @@ from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 
-from lakesink_datasource.commit.manifests import (
+from lakesink_datasource.iceberg.manifest_list import read_manifest_list
+from lakesink_datasource.iceberg.manifests import (
     content_offset,
     content_size_in_bytes,
     data_file_first_row_id,
     is_deletion_vector,
     manifest_first_row_id,
     read_entries,
-    read_manifest_list,
     referenced_data_file,
 )
-from lakesink_datasource.deletes.puffin import read_blob
+from lakesink_datasource.iceberg.puffin import read_blob
 
-__all__ = ["check_table", "check_metadata", "main"]
+__all__ = ["check_metadata", "check_table", "main"]
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ class _Checker:
                 self.fail(f"snapshot {snap.snapshot_id}: negative added-rows {snap.added_rows}")
             ranges.append((snap.first_row_id, snap.first_row_id + snap.added_rows, snap.snapshot_id))
         contiguous = not ranges or ranges[0][0] == 0
-        for (first_a, end_a, id_a), (first_b, end_b, id_b) in zip(ranges, ranges[1:]):
+        for (first_a, end_a, id_a), (first_b, end_b, id_b) in itertools.pairwise(ranges):
             if first_b < end_a:
                 self.fail(
                     f"snapshot {id_b}: row-id range [{first_b}, {end_b}) overlaps or precedes "
@@ -154,7 +155,7 @@ class _Checker:
     def _check_current(self, snapshot: Snapshot) -> None:
         try:
             manifests = read_manifest_list(self.io, snapshot.manifest_list)
-        except Exception as exc:  # noqa: BLE001 - report, don't crash, on unreadable metadata
+        except Exception as exc:
             self.fail(f"snapshot {snapshot.snapshot_id}: cannot read manifest list {snapshot.manifest_list}: {exc}")
             return
         live_data: list[_Live] = []
@@ -164,7 +165,7 @@ class _Checker:
             self._check_manifest_header(manifest, snapshot, where)
             try:
                 entries = read_entries(self.io, manifest, live_only=False)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self.fail(f"{where}: cannot read: {exc}")
                 continue
             self._check_entries(manifest, entries, where)
@@ -261,7 +262,7 @@ class _Checker:
         self._report_overlaps(sorted(ranges), "live data files")
 
     def _report_overlaps(self, ranges: list[tuple[int, int, str]], what: str) -> None:
-        reach: Optional[tuple[int, str]] = None  # furthest end so far, and whose it is
+        reach: tuple[int, str] | None = None  # furthest end so far, and whose it is
         for first, end, name in ranges:
             if first == end:
                 continue  # an empty range assigns no id
@@ -318,7 +319,7 @@ class _Checker:
         if added_by is None or added_by.first_row_id is not None:
             self.fail(f"delete file {f.file_path}: v3 tables must use DVs, not {f.file_format.name} position-delete files")
 
-    def _check_dv(self, live: _Live, target: str, data: Optional[_Live]) -> None:
+    def _check_dv(self, live: _Live, target: str, data: _Live | None) -> None:
         f = live.file
         name = f"DV {f.file_path}@{content_offset(f)} for {target}"
         if data is None:
@@ -333,7 +334,7 @@ class _Checker:
                 self.fail(f"{name}: data sequence number {seq_dv} is older than the data file's {seq_data}, so it applies to nothing")
         try:
             blob_file = self._read_puffin(f.file_path)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self.fail(f"{name}: cannot read Puffin file: {exc}")
             return
         if f.file_size_in_bytes != len(blob_file):
@@ -390,7 +391,7 @@ class _Checker:
 # --- command line -------------------------------------------------------------------------
 
 
-def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m lakesink_datasource.check",
         description="Check an Iceberg table's metadata invariants (row lineage, sequence numbers, DVs, summary totals).",
@@ -432,11 +433,11 @@ def _load_table(args: argparse.Namespace) -> Table:
     return load_catalog(config.name, **config.properties).load_table(options.table)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     try:
         table = _load_table(args)
-    except Exception as exc:  # noqa: BLE001 - a CLI reports, it does not dump a traceback
+    except Exception as exc:
         print(f"cannot load table {args.table}: {exc}", file=sys.stderr)
         return 2
     try:

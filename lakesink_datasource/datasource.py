@@ -9,7 +9,7 @@ Driver:   writer.commit(messages[, batchId]) -> commit.committer.commit_write (o
 from __future__ import annotations
 
 import logging
-from typing import Iterator, List, Optional
+from collections.abc import Iterator
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -21,10 +21,10 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from lakesink_datasource.commit.committer import abort_write, commit_write
+from lakesink_datasource.messages import decode_messages
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.table.setup import plan_write
-from lakesink_datasource.write.messages import decode_messages
 from lakesink_datasource.write.task import write_task
 
 log = logging.getLogger("lakesink")
@@ -49,10 +49,10 @@ class LakeSinkDataSource(DataSource):
             raise ValueError(f"table {options.table!r} does not exist: give the columns in CREATE TABLE")
         return iceberg_to_spark(table.schema())
 
-    def writer(self, schema: StructType, overwrite: bool) -> "LakeSinkBatchWriter":
+    def writer(self, schema: StructType, overwrite: bool) -> LakeSinkBatchWriter:
         return LakeSinkBatchWriter(plan_write(parse_options(self.options), schema, overwrite))
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> "LakeSinkStreamWriter":
+    def streamWriter(self, schema: StructType, overwrite: bool) -> LakeSinkStreamWriter:
         return LakeSinkStreamWriter(plan_write(parse_options(self.options), schema, overwrite))
 
 
@@ -63,10 +63,10 @@ class LakeSinkBatchWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         return write_task(self.plan, iterator)
 
-    def commit(self, messages: List[Optional[WriterCommitMessage]]) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         commit_write(self.plan, decode_messages(messages), batch_id=None)
 
-    def abort(self, messages: List[Optional[WriterCommitMessage]]) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         abort_write(self.plan, decode_messages(messages), batch_id=None)
 
 
@@ -77,8 +77,8 @@ class LakeSinkStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         return write_task(self.plan, iterator)
 
-    def commit(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         commit_write(self.plan, decode_messages(messages), batch_id=batchId)
 
-    def abort(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         abort_write(self.plan, decode_messages(messages), batch_id=batchId)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import duckdb
 
 
 def _extension_file(module: Any) -> str:
@@ -21,7 +24,7 @@ def _extension_file(module: Any) -> str:
     return found[0]
 
 
-def connect():  # type: ignore[no-untyped-def]
+def connect() -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with the avro and iceberg extensions loaded (avro first)."""
     import duckdb
     import duckdb_extension_avro

@@ -20,7 +20,6 @@ import json
 import os
 import signal
 import subprocess
-from typing import Optional
 
 ENV = "LAKESINK_FAULTS"
 
@@ -40,7 +39,7 @@ def _kill_everything() -> None:
             pass
 
 
-def fault_point(point: str, batch_id: Optional[int] = None) -> None:
+def fault_point(point: str, batch_id: int | None = None) -> None:
     path = os.environ.get(ENV)
     if not path or not os.path.exists(path):
         return

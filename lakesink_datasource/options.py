@@ -8,7 +8,7 @@ fall back to a default), named in the message together with the valid names.
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 import msgspec
 
@@ -25,17 +25,17 @@ class OptionError(ValueError):
 class WriteOptions(msgspec.Struct, frozen=True, kw_only=True):
     table: str
     warehouse: str
-    catalog: Optional[str] = None
+    catalog: str | None = None
     catalog_properties: dict[str, str] = {}
-    partition_by: Optional[str] = None
+    partition_by: str | None = None
     target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE
     format_version: int = 3
     operation: str = "append"
-    primary_key: Optional[tuple[str, ...]] = None
-    op_column: Optional[str] = None
+    primary_key: tuple[str, ...] | None = None
+    op_column: str | None = None
     delete_ops: tuple[str, ...] = ("d",)
-    sequence_column: Optional[str] = None
-    index_dir: Optional[str] = None
+    sequence_column: str | None = None
+    index_dir: str | None = None
 
     @property
     def uses_embedded_catalog(self) -> bool:
@@ -66,7 +66,7 @@ def _csv(value: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
-def _int_option(name: str, raw: str, allowed: Optional[tuple[int, ...]] = None, minimum: int = 1) -> int:
+def _int_option(name: str, raw: str, allowed: tuple[int, ...] | None = None, minimum: int = 1) -> int:
     try:
         value = int(raw)
     except ValueError:
@@ -138,4 +138,4 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
     for name in ("op_column", "sequence_column", "index_dir"):
         if values.get(name):
             kwargs[name] = values[name].strip()
-    return WriteOptions(**kwargs)  # type: ignore[arg-type]
+    return msgspec.convert(kwargs, WriteOptions)

@@ -7,11 +7,10 @@ map key -> latest row.
   the live rows when it is absent); dedupe: insert only when the key is absent.
 * Inside one task's input several rows of a key collapse first to one winner: the highest
   sequence (ties: the later row), or the last row without a sequence column. The winner is
-  then applied like a single change. (lakesink resolves per chunk of >= CHUNK_ROWS = 65536
-  input rows, `write/keyed.py`; every task here is far smaller, so a task is one chunk.
-  For upsert and cdc this is the same as applying each Arrow batch in turn; for dedupe it
-  means an absent key gets the task's *last* duplicate, while across tasks and batches
-  the *first* arrival stays.)
+  then applied like a single change. (lakesink resolves per chunk of CHUNK_ROWS = 100,000
+  input rows, `write/task.py`; every task here is far smaller, so a task is one chunk.
+  For upsert and cdc this is the same as applying each Arrow batch in turn; dedupe keeps a
+  key's first row within a chunk and across chunks, tasks and batches.)
 * Arrival order: micro-batches in order, inside a batch the tasks in the order the driver
   runs them (the host lock serialises them), inside a task its Arrow batches in order.
 * With a sequence column a change older than what the key last saw (a live row's or a
@@ -28,9 +27,9 @@ import os
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Optional, Sequence
 
 import pyarrow as pa
 from lakesink_testing import duckdb_connection, expected_rows, load, pyiceberg_rows, rows
@@ -40,10 +39,10 @@ from lakesink_datasource.catalog import loader
 from lakesink_datasource.check import check_table
 from lakesink_datasource.commit.committer import CommitOutcome, commit_write
 from lakesink_datasource.index import key_index
+from lakesink_datasource.messages import LakeSinkCommitMessage, decode_messages
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.table.setup import plan_write
-from lakesink_datasource.write.messages import LakeSinkCommitMessage, decode_messages
 from lakesink_datasource.write.task import TaskIdentity, write_task
 
 IDENT = "db.k"
@@ -55,7 +54,7 @@ WRITE_OPS = ("c", "r", "u")
 @dataclass(frozen=True)
 class Config:
     operation: str  # upsert | cdc | dedupe
-    partition_by: Optional[str] = None
+    partition_by: str | None = None
     sequence: bool = False
 
     @property
@@ -94,8 +93,8 @@ class Change:
 
     id: int
     op: str = "u"  # cdc: c/r/u/d; upsert and dedupe ignore it
-    seq: Optional[int] = None
-    day: Optional[int] = 0
+    seq: int | None = None
+    day: int | None = 0
     hour: int = 0
     bare: bool = False  # a delete row carrying only key (+ sequence)
 
@@ -184,16 +183,8 @@ def _event(name: str) -> None:
         event(name)
 
 
-def _day(ts: Optional[datetime]) -> Optional[object]:
+def _day(ts: datetime | None) -> object | None:
     return None if ts is None else ts.date()
-
-
-# Known lakesink bug (see test_keyed_index_recovery.py::
-# test_tombstone_of_a_batch_that_commits_nothing_still_rejects_older_changes): a batch whose
-# only effect is remembering deletes of absent keys commits no snapshot, so its tombstones
-# are rolled back. Property tests skip (hypothesis `assume`) the examples that run into it,
-# so they stay deterministic; set this to False once the bug is fixed.
-SKIP_EMPTY_BATCH_TOMBSTONES = False
 
 
 @dataclass
@@ -201,29 +192,16 @@ class Model:
     config: Config
     live: dict[int, dict] = field(default_factory=dict)  # key -> stored row (no op column)
     seen: dict[int, int] = field(default_factory=dict)  # key -> sequence of its latest change (live or tombstone)
-    # What the last applied batch did: did it write a row or hide a live one (so lakesink
-    # commits a snapshot), and did it record a tombstone.
-    batch_commits: bool = False
-    batch_tombstones: bool = False
 
-    def copy(self) -> "Model":
+    def copy(self) -> Model:
         return Model(self.config, dict(self.live), dict(self.seen))
 
     def apply_task(self, task: list[list[dict]]) -> None:
         self.apply_chunk([row for arrow_rows in task for row in arrow_rows])
 
     def apply_batch(self, batch: list[list[list[dict]]]) -> None:
-        self.batch_commits = self.batch_tombstones = False
         for task in batch:
             self.apply_task(task)
-
-    def skip_known_bugs(self) -> None:
-        """Call after apply_batch in property tests: rejects examples hitting a known bug."""
-        if SKIP_EMPTY_BATCH_TOMBSTONES and self.batch_tombstones and not self.batch_commits:
-            from hypothesis import assume, event
-
-            event("skipped: batch with only tombstones (known bug)")
-            assume(False)
 
     def apply_chunk(self, rows: list[dict]) -> None:
         """Resolve one winner per key among `rows` (input order), then apply each."""
@@ -253,25 +231,20 @@ class Model:
             if old is None:
                 self.live[key] = stored
                 self._saw(key, seq)
-                self.batch_commits = True
             else:
                 _event("dedupe: duplicate of a live key ignored")
             return
         if self.config.operation == "cdc" and row["op"] == "d":
-            if self.live.pop(key, None) is not None:
-                self.batch_commits = True
-            else:
+            if self.live.pop(key, None) is None:
                 _event("delete of an absent key")
             self._saw(key, seq)
-            self.batch_tombstones |= seq is not None
             return
         if old is not None and self.config.partition_by == "days(ts)" and _day(old["ts"]) != _day(stored["ts"]):
             _event("update moved the key to another day partition")
         self.live[key] = stored
         self._saw(key, seq)
-        self.batch_commits = True
 
-    def _saw(self, key: int, seq: Optional[int]) -> None:
+    def _saw(self, key: int, seq: int | None) -> None:
         if seq is not None:
             self.seen[key] = seq
 
@@ -298,7 +271,7 @@ def duckdb_rows(metadata_location: str, columns: Sequence[str]) -> Counter:
 class Harness:
     """One fresh warehouse + index directory, driven like Spark would (without Spark)."""
 
-    def __init__(self, config: Config, *, root: Optional[str] = None):
+    def __init__(self, config: Config, *, root: str | None = None):
         self.config = config
         self.root = root or tempfile.mkdtemp(prefix="lakesink-keyed-")
         self.warehouse = os.path.join(self.root, "warehouse")
@@ -319,7 +292,7 @@ class Harness:
         self.options = parse_options(raw)
         self.schema = spark_schema(config)
 
-    def __enter__(self) -> "Harness":
+    def __enter__(self) -> Harness:
         return self
 
     def __exit__(self, *exc: object) -> None:

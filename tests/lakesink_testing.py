@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
 import lakesink_datasource  # noqa: F401  (v3 metadata support for pyiceberg)
@@ -26,6 +29,17 @@ def embedded_catalog(warehouse: str) -> SqlCatalog:
 
 def load(warehouse: str, identifier: str) -> Table:
     return embedded_catalog(str(warehouse)).load_table(identifier)
+
+
+def table_exists(warehouse: str, identifier: str) -> bool:
+    """Whether the embedded catalog under `warehouse` holds `identifier` (no catalog: no table)."""
+    if not os.path.exists(os.path.join(str(warehouse), "catalog.db")):
+        return False
+    try:
+        load(warehouse, identifier)
+    except NoSuchTableError:
+        return False
+    return True
 
 
 def _normalise(value: Any) -> Any:
@@ -66,7 +80,7 @@ def assert_readers_see(warehouse: str, identifier: str, expected: Counter, colum
     assert duckdb_rows(table.metadata_location, columns) == expected, "DuckDB disagrees with the expected rows"
 
 
-def current_snapshot_id(warehouse: str, identifier: str) -> Optional[int]:
+def current_snapshot_id(warehouse: str, identifier: str) -> int | None:
     try:
         snap = load(warehouse, identifier).metadata.current_snapshot()
     except Exception:

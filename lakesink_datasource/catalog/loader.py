@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Optional
 
 import msgspec
 from pyiceberg.catalog import Catalog, load_catalog
@@ -49,7 +48,7 @@ def load(config: CatalogConfig) -> Catalog:
     """Return the process-wide catalog for this config (connections are reused)."""
     key = (config.name, tuple(sorted(config.properties.items())))
     with _lock:
-        catalog: Optional[Catalog] = _cache.get(key)
+        catalog: Catalog | None = _cache.get(key)
         if catalog is None:
             if config.name == EMBEDDED_CATALOG_NAME and config.properties.get("type") == "sql":
                 warehouse = config.properties["warehouse"].removeprefix("file://")

@@ -16,25 +16,30 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
+import pyspark
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.table.metadata import TableMetadata
-from pyroaring import BitMap64
 from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import SnapshotRefType
+from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate
+from pyroaring import BitMap64
 
-from lakesink_datasource import __version__
 from lakesink_datasource.catalog import loader
-from lakesink_datasource.commit import idempotency
 from lakesink_datasource.commit.data_files import data_file
-from lakesink_datasource.commit.snapshot_producer import ConflictError, PendingDeletes, RowDelta, SnapshotProducer
-from lakesink_datasource.index.sync import HOSTS, TOMBSTONES
-from lakesink_datasource.io.partitioning import decode_partition
+from lakesink_datasource.commit.deletion_vectors import PendingDeletes
+from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
+from lakesink_datasource.commit.validation import ConflictError
 from lakesink_datasource.faults import fault_point
+from lakesink_datasource.iceberg import summary_keys as keys
+from lakesink_datasource.iceberg.compat import v3_metadata_writes
+from lakesink_datasource.iceberg.partition_key import decode_partition
+from lakesink_datasource.messages import TaskResult, TaskStats
+from lakesink_datasource.table import idempotency
 from lakesink_datasource.table.plan import WritePlan
-from lakesink_datasource.write.messages import TaskResult, TaskStats
+from lakesink_datasource.version import __version__
 
 log = logging.getLogger("lakesink")
 
@@ -47,8 +52,8 @@ class CommitError(RuntimeError):
 
 @dataclass
 class CommitOutcome:
-    snapshot_id: Optional[int]
-    skipped_reason: Optional[str]
+    snapshot_id: int | None
+    skipped_reason: str | None
     attempts: int
     stats: TaskStats
 
@@ -58,28 +63,23 @@ def _sum_stats(results: list[TaskResult]) -> TaskStats:
     return TaskStats(**{f: sum(getattr(r.stats, f) for r in results) for f in fields})
 
 
-def _extra_summary(write_id: str, query_id: Optional[str], batch_id: Optional[int], stats: TaskStats) -> dict[str, str]:
+def _extra_summary(write_id: str, query_id: str | None, batch_id: int | None, stats: TaskStats) -> dict[str, str]:
     extra = {
-        "engine-name": "spark",
-        "lakesink-version": __version__,
-        idempotency.WRITE_ID: write_id,
-        "lakesink.rows-in": str(stats.rows_in),
-        "lakesink.rows-written": str(stats.rows_written),
-        "lakesink.rows-deleted": str(stats.rows_deleted),
+        keys.ENGINE_NAME: "spark",
+        keys.ENGINE_VERSION: pyspark.__version__,
+        keys.LAKESINK_VERSION: __version__,
+        keys.WRITE_ID: write_id,
+        keys.ROWS_IN: str(stats.rows_in),
+        keys.ROWS_WRITTEN: str(stats.rows_written),
+        keys.ROWS_DELETED: str(stats.rows_deleted),
         # Task seconds summed over the batch's tasks, per phase: where the time goes.
-        "lakesink.partition-seconds": f"{stats.partition_seconds:.3f}",
-        "lakesink.index-seconds": f"{stats.index_seconds:.3f}",
-        "lakesink.write-seconds": f"{stats.write_seconds:.3f}",
+        keys.PARTITION_SECONDS: f"{stats.partition_seconds:.3f}",
+        keys.INDEX_SECONDS: f"{stats.index_seconds:.3f}",
+        keys.WRITE_SECONDS: f"{stats.write_seconds:.3f}",
     }
-    try:
-        import pyspark
-
-        extra["engine-version"] = pyspark.__version__
-    except ImportError:  # pragma: no cover - the commit always runs under Spark
-        pass
     if query_id is not None and batch_id is not None:
-        extra[idempotency.QUERY_ID] = query_id
-        extra[idempotency.EPOCH_ID] = str(batch_id)
+        extra[keys.QUERY_ID] = query_id
+        extra[keys.EPOCH_ID] = str(batch_id)
     return extra
 
 
@@ -107,8 +107,8 @@ def _refuse_keys_on_several_hosts(results: list[TaskResult]) -> None:
             by_host.setdefault(r.host, []).append(np.frombuffer(r.key_hashes, dtype="<u8"))
     if len(by_host) < 2:
         return
-    seen: Optional[np.ndarray] = None
-    for host, parts in sorted(by_host.items()):
+    seen: np.ndarray | None = None
+    for _host, parts in sorted(by_host.items()):
         keys = np.unique(np.concatenate(parts))
         if seen is not None:
             shared = np.intersect1d(seen, keys, assume_unique=True)
@@ -122,18 +122,22 @@ def _refuse_keys_on_several_hosts(results: list[TaskResult]) -> None:
             seen = keys
 
 
-def _commit_once(table: Table, snapshot_parent: Optional[int], snapshot) -> None:  # type: ignore[no-untyped-def]
-    table.catalog.commit_table(
-        table,
-        requirements=(AssertRefSnapshotId(ref="main", snapshot_id=snapshot_parent),),
-        updates=(
-            AddSnapshotUpdate(snapshot=snapshot),
-            SetSnapshotRefUpdate(ref_name="main", type="branch", snapshot_id=snapshot.snapshot_id),
-        ),
-    )
+def _commit_once(table: Table, snapshot_parent: int | None, snapshot: Snapshot) -> None:
+    with v3_metadata_writes():
+        table.catalog.commit_table(
+            table,
+            requirements=(AssertRefSnapshotId(ref="main", snapshot_id=snapshot_parent),),
+            updates=(
+                AddSnapshotUpdate(snapshot=snapshot),
+                SetSnapshotRefUpdate(
+                    ref_name="main", type=SnapshotRefType.BRANCH, snapshot_id=snapshot.snapshot_id,
+                    max_ref_age_ms=None, max_snapshot_age_ms=None, min_snapshots_to_keep=None,
+                ),
+            ),
+        )
 
 
-def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: Optional[int]) -> CommitOutcome:
+def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | None) -> CommitOutcome:
     started = time.perf_counter()
     query_id = next((r.query_id for r in results if r.query_id is not None), None)
     write_ids = {r.write_id for r in results} or {plan.write_id}
@@ -169,10 +173,10 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: Optional[
     extra = _extra_summary(min(write_ids), query_id, batch_id, stats)
     hosts = sorted({r.host for r in results if r.host})
     if hosts:
-        extra[HOSTS] = ",".join(hosts)
+        extra[keys.HOSTS] = ",".join(hosts)
     tombstones = sorted(r.tombstones for r in results if r.tombstones)
     if tombstones:
-        extra[TOMBSTONES] = ",".join(tombstones)
+        extra[keys.TOMBSTONES] = ",".join(tombstones)
     for attempt in range(MAX_ATTEMPTS):
         fault_point("before_commit", batch_id)
         current = table.metadata.current_snapshot()
@@ -200,7 +204,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: Optional[
             "data_files=%d dvs=%d bytes=%d attempts=%d partition_s=%.3f index_s=%.3f write_s=%.3f commit_s=%.3f",
             snapshot.snapshot_id, snapshot.summary.operation.value if snapshot.summary else "?", batch_id,
             stats.rows_in, stats.rows_written, stats.rows_deleted, len(delta.added_data_files),
-            len(delta.added_delete_files) + len(delta.position_deletes), stats.bytes_written, attempt + 1, stats.partition_seconds,
+            len(producer.last.deletion_vectors), stats.bytes_written, attempt + 1, stats.partition_seconds,
             stats.index_seconds, stats.write_seconds, time.perf_counter() - started,
         )
         return CommitOutcome(snapshot.snapshot_id, None, attempt + 1, stats)
@@ -208,7 +212,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: Optional[
     raise CommitError(f"could not commit to {plan.identifier} after {MAX_ATTEMPTS} attempts (concurrent writers)")
 
 
-def abort_write(plan: WritePlan, results: list[TaskResult], batch_id: Optional[int]) -> list[str]:
+def abort_write(plan: WritePlan, results: list[TaskResult], batch_id: int | None) -> list[str]:
     """Delete the files a failed write produced, unless that write did land."""
     if not results:
         return []

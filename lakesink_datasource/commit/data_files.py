@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.typedef import Record
 
-from lakesink_datasource.io.partitioning import decode_partition
-from lakesink_datasource.write.messages import DataFileMessage, DeletionVectorMessage
+from lakesink_datasource.iceberg.partition_key import decode_partition
+from lakesink_datasource.messages import DataFileMessage
 
 
 def data_file(msg: DataFileMessage, metadata: TableMetadata) -> DataFile:
@@ -36,59 +35,4 @@ def data_file(msg: DataFileMessage, metadata: TableMetadata) -> DataFile:
         content_size_in_bytes=None,
     )
     f.spec_id = msg.spec_id
-    return f
-
-
-def deletion_vector_file(msg: DeletionVectorMessage, metadata: TableMetadata) -> DataFile:
-    """A DV manifest entry for a blob described by a message."""
-    spec = metadata.specs()[msg.spec_id]
-    return dv_data_file(
-        puffin_path=msg.puffin_path,
-        puffin_size=msg.puffin_size_in_bytes,
-        referenced_data_file=msg.referenced_data_file,
-        spec_id=msg.spec_id,
-        partition=decode_partition(spec, metadata.schema(), msg.partition),
-        cardinality=msg.cardinality,
-        content_offset=msg.content_offset,
-        content_size_in_bytes=msg.content_size_in_bytes,
-    )
-
-
-def dv_data_file(
-    *,
-    puffin_path: str,
-    puffin_size: int,
-    referenced_data_file: str,
-    spec_id: int,
-    partition: Record,
-    cardinality: int,
-    content_offset: int,
-    content_size_in_bytes: int,
-) -> DataFile:
-    """A DV manifest entry: notes section 3.3 (content 1, PUFFIN, 143-145 set, no metrics;
-    record_count is the cardinality, file size the whole Puffin file's)."""
-    f = DataFile.from_args(
-        _table_format_version=3,
-        content=DataFileContent.POSITION_DELETES,
-        file_path=puffin_path,
-        file_format=FileFormat.PUFFIN,
-        partition=partition,
-        record_count=cardinality,
-        file_size_in_bytes=puffin_size,
-        column_sizes=None,
-        value_counts=None,
-        null_value_counts=None,
-        nan_value_counts=None,
-        lower_bounds=None,
-        upper_bounds=None,
-        key_metadata=None,
-        split_offsets=None,
-        equality_ids=None,
-        sort_order_id=None,
-        first_row_id=None,
-        referenced_data_file=referenced_data_file,
-        content_offset=content_offset,
-        content_size_in_bytes=content_size_in_bytes,
-    )
-    f.spec_id = spec_id
     return f

@@ -7,15 +7,13 @@ single-value bytes) without reading any manifest.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import msgspec
 
 
 class FileRef(msgspec.Struct, array_like=True, frozen=True):
     path: str
     spec_id: int
-    partition: tuple[Optional[bytes], ...]
+    partition: tuple[bytes | None, ...]
 
 
 _encoder = msgspec.json.Encoder()

@@ -11,8 +11,8 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 _thread_locks: dict[str, threading.Lock] = {}
 _guard = threading.Lock()

@@ -32,7 +32,7 @@ per-row length, and the columns are interleaved row-major in one scatter.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -120,7 +120,7 @@ def _as_array(col: pa.Array | pa.ChunkedArray) -> pa.Array:
 # --------------------------------------------------------------------------- fixed width
 
 
-def _values(arr: pa.Array, dtype: np.dtype) -> np.ndarray:
+def _values(arr: pa.Array, dtype: str | np.dtype) -> np.ndarray:
     """Zero-copy numpy view of the data buffer of a fixed-width array, honouring its offset."""
     dtype = np.dtype(dtype)
     return np.frombuffer(
@@ -204,6 +204,7 @@ def _encode_variable(arr: pa.Array) -> _Encoded | None:
     if pa.types.is_string_view(t) or pa.types.is_binary_view(t):
         arr = arr.cast(pa.large_binary())  # view layouts have no offsets buffer to read
         t = arr.type
+    offset_dtype: np.dtype
     if pa.types.is_string(t) or pa.types.is_binary(t):
         offset_dtype = np.dtype("<i4")
     elif pa.types.is_large_string(t) or pa.types.is_large_binary(t):

@@ -37,8 +37,10 @@ import os
 import shutil
 import struct
 import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import compress
-from typing import Callable, Iterable, Sequence, TypeVar
+from types import TracebackType
+from typing import Any, Protocol, TypeVar, cast
 
 import lmdb
 import msgspec
@@ -53,6 +55,27 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+class _Cursor(Protocol):
+    def set_range(self, key: bytes) -> bool: ...
+    def __iter__(self) -> Iterator[tuple[bytes, bytes]]: ...
+    def putmulti(self, items: Iterable[tuple[bytes, bytes]]) -> tuple[int, int]: ...
+
+
+class _Txn(Protocol):
+    """What the index uses of an lmdb transaction. lmdb's stubs type values as
+    `bytes | memoryview` to cover `buffers=True`; lakesink never asks for buffers, so every
+    value is `bytes` (the one cast is in `KeyIndex._begin`)."""
+
+    def get(self, key: bytes, default: bytes | None = None, db: Any = None) -> bytes | None: ...
+    def put(self, key: bytes, value: bytes, db: Any = None) -> bool: ...
+    def delete(self, key: bytes, value: bytes = b"", db: Any = None) -> bool: ...
+    def cursor(self, db: Any = None) -> _Cursor: ...
+    def drop(self, db: Any, delete: bool = True) -> None: ...
+    def stat(self, db: Any) -> dict[str, int]: ...
+    def __enter__(self) -> _Txn: ...
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None: ...
 
 
 class Location(msgspec.Struct, array_like=True, frozen=True):
@@ -159,11 +182,10 @@ def _unpack_undo_chunk(chunk: bytes) -> list[tuple[bytes, bytes | None, bytes | 
     sizes = np.where(present, lengths, 0)
     ends = _U32.size + 6 * count + np.cumsum(sizes)
     starts = ends - sizes
-    values = [
-        chunk[start:end] if here else None
-        for start, end, here in zip(starts.tolist(), ends.tolist(), present.tolist())
-    ]
-    return list(zip(values[:count], values[count : 2 * count], values[2 * count :]))
+    bounds = list(zip(starts.tolist(), ends.tolist(), present.tolist()))
+    keys = [chunk[start:end] for start, end, _ in bounds[:count]]  # keys are never absent
+    values = [chunk[start:end] if here else None for start, end, here in bounds[count:]]
+    return list(zip(keys, values[:count], values[count:]))
 
 
 def _pack_token_record(token: bytes, first_seq: int, chunk_seqs: Sequence[int]) -> bytes:
@@ -213,35 +235,37 @@ class KeyIndex:
         self._keys, self._files, self._undo, self._meta = self._write(self._open_dbs)
         self.closed = False
 
-    def _open_dbs(self, txn: lmdb.Transaction) -> tuple:
-        return tuple(
-            self._env.open_db(name, txn=txn, create=True)
+    def _open_dbs(self, txn: _Txn) -> tuple[Any, Any, Any, Any]:
+        keys, files, undo, meta = (
+            self._env.open_db(name, txn=cast(lmdb.Transaction, txn), create=True)  # the real one, see _Txn
             for name in (_DB_KEYS, _DB_FILES, _DB_UNDO, _DB_META)
         )
+        return keys, files, undo, meta
 
     # -- transactions with map growth ------------------------------------------------------
 
-    def _write(self, body: Callable[[lmdb.Transaction], T]) -> T:
+    def _begin(self, write: bool) -> _Txn:
+        """A transaction on the current map; a map another process grew is adopted first."""
+        while True:
+            try:
+                return cast(_Txn, self._env.begin(write=write))
+            except lmdb.MapResizedError:
+                self._env.set_mapsize(0)  # 0: take the size the other process set
+
+    def _write(self, body: Callable[[_Txn], T]) -> T:
         """Run `body` in one write txn, growing the map and retrying when it is full."""
         with self._lock:
             while True:
                 try:
-                    with self._env.begin(write=True) as txn:
+                    with self._begin(write=True) as txn:
                         return body(txn)
                 except lmdb.MapFullError:
                     # The txn was aborted, so `body` re-runs from scratch on a bigger map.
                     self._env.set_mapsize(self._env.info()["map_size"] * 2)
-                except lmdb.MapResizedError:
-                    self._env.set_mapsize(0)  # another process grew it: adopt its size
 
-    def _read(self, body: Callable[[lmdb.Transaction], T]) -> T:
-        with self._lock:
-            while True:
-                try:
-                    with self._env.begin(write=False) as txn:
-                        return body(txn)
-                except lmdb.MapResizedError:
-                    self._env.set_mapsize(0)
+    def _read(self, body: Callable[[_Txn], T]) -> T:
+        with self._lock, self._begin(write=False) as txn:
+            return body(txn)
 
     # -- key fitting -----------------------------------------------------------------------
 
@@ -255,7 +279,7 @@ class KeyIndex:
 
     def _fit_all(self, keys: Sequence[bytes]) -> list[bytes]:
         # Fast path: the common case has no long key and needs no per-key Python call.
-        if keys and 0 < min(map(len, keys)) and max(map(len, keys)) < self._max_key:
+        if keys and min(map(len, keys)) > 0 and max(map(len, keys)) < self._max_key:
             return list(keys)
         return [self._fit(k) for k in keys]
 
@@ -269,11 +293,12 @@ class KeyIndex:
         paths = list(paths)
         path_keys = [self._fit(b"p" + p.encode()) for p in paths]
         found = self._read(lambda txn: [txn.get(k, db=self._files) for k in path_keys])
-        if all(v is not None for v in found):
-            return [_U32BE.unpack(v)[0] for v in found]
+        known = [v for v in found if v is not None]
+        if len(known) == len(found):
+            return [_U32BE.unpack(v)[0] for v in known]
         return self._write(lambda txn: self._assign_ordinals(txn, paths, path_keys))
 
-    def _assign_ordinals(self, txn: lmdb.Transaction, paths: list[str], path_keys: list[bytes]) -> list[int]:
+    def _assign_ordinals(self, txn: _Txn, paths: list[str], path_keys: list[bytes]) -> list[int]:
         # Re-read inside the write txn: another process may have assigned them meanwhile.
         raw_next = txn.get(_META_NEXT_ORDINAL, db=self._meta)
         next_ordinal = _U32BE.unpack(raw_next)[0] if raw_next else 0
@@ -307,7 +332,7 @@ class KeyIndex:
         # (key, value) tuple with a copied key per hit that we would only throw away.
         order = sorted(range(len(fitted)), key=fitted.__getitem__)
 
-        def probe(txn: lmdb.Transaction) -> list[bytes | None]:
+        def probe(txn: _Txn) -> list[bytes | None]:
             get, db = txn.get, self._keys
             return [get(fitted[i], None, db) for i in order]
 
@@ -346,26 +371,20 @@ class KeyIndex:
         """
         fitted = self._fit_all(keys)
         token_raw = token.encode()
-        with self._lock:
-            while True:
-                try:
-                    txn = self._env.begin(write=True)
-                    break
-                except lmdb.MapResizedError:
-                    self._env.set_mapsize(0)  # another process grew it: adopt its size
-            with txn:
-                get, db = txn.get, self._keys
-                raw = [get(k, None, db) for k in fitted]
-                def ordinal_of(path: str) -> int:
-                    return self._assign_ordinals(txn, [path], [self._fit(b"p" + path.encode())])[0]
+        with self._lock, self._begin(write=True) as txn:
+            get, db = txn.get, self._keys
+            raw = [get(k, None, db) for k in fitted]
 
-                puts, deletes = decide([None if r is None else unpack_location(r) for r in raw], ordinal_of)
-                final: dict[bytes, bytes | None] = dict(zip(self._fit_all([k for k, _ in puts]), [v for _, v in puts]))
-                final.update(dict.fromkeys(self._fit_all(deletes)))
-                self._apply_txn(txn, token_raw, final, dict(zip(fitted, raw)))
+            def ordinal_of(path: str) -> int:
+                return self._assign_ordinals(txn, [path], [self._fit(b"p" + path.encode())])[0]
+
+            puts, deletes = decide([None if r is None else unpack_location(r) for r in raw], ordinal_of)
+            final: dict[bytes, bytes | None] = dict(zip(self._fit_all([k for k, _ in puts]), [v for _, v in puts]))
+            final.update(dict.fromkeys(self._fit_all(deletes)))
+            self._apply_txn(txn, token_raw, final, dict(zip(fitted, raw)))
 
     def _apply_txn(
-        self, txn: lmdb.Transaction, token: bytes, final: dict[bytes, bytes | None], known: dict[bytes, bytes | None] | None = None
+        self, txn: _Txn, token: bytes, final: dict[bytes, bytes | None], known: dict[bytes, bytes | None] | None = None
     ) -> None:
         get, db = txn.get, self._keys
         order = sorted(final)  # key order: B-tree locality for reads and writes
@@ -389,7 +408,7 @@ class KeyIndex:
 
     def _record_undo(
         self,
-        txn: lmdb.Transaction,
+        txn: _Txn,
         token: bytes,
         keys: list[bytes],
         prevs: list[bytes | None],
@@ -423,7 +442,7 @@ class KeyIndex:
     def pending_tokens(self) -> list[str]:
         """Tokens applied but neither committed nor rolled back, oldest first."""
 
-        def scan(txn: lmdb.Transaction) -> list[tuple[int, str]]:
+        def scan(txn: _Txn) -> list[tuple[int, str]]:
             cursor = txn.cursor(db=self._undo)
             found = []
             if cursor.set_range(b"t"):
@@ -440,7 +459,7 @@ class KeyIndex:
         """Drop the undo of `tokens` (their batch reached the table), optionally setting state."""
         tokens = list(tokens)
 
-        def body(txn: lmdb.Transaction) -> None:
+        def body(txn: _Txn) -> None:
             for chunk_seq in self._take_token_chunks(txn, tokens):
                 txn.delete(b"c" + _U64BE.pack(chunk_seq), db=self._undo)
             if state is not None:
@@ -452,7 +471,7 @@ class KeyIndex:
         """Restore what `tokens` overwrote (newest change first) and drop their undo."""
         tokens = list(tokens)
 
-        def body(txn: lmdb.Transaction) -> None:
+        def body(txn: _Txn) -> None:
             superseded: dict[bytes, dict[bytes | None, bytes | None]] = {}
             for chunk_seq in sorted(self._take_token_chunks(txn, tokens), reverse=True):
                 chunk_key = b"c" + _U64BE.pack(chunk_seq)
@@ -465,7 +484,7 @@ class KeyIndex:
 
         self._write(body)
 
-    def _splice_undo(self, txn: lmdb.Transaction, superseded: dict[bytes, dict[bytes | None, bytes | None]]) -> None:
+    def _splice_undo(self, txn: _Txn, superseded: dict[bytes, dict[bytes | None, bytes | None]]) -> None:
         """Take rolled-back writes out of the undo chains of surviving tokens.
 
         When a surviving token overwrote a key after a rolled-back one, its undo record says
@@ -499,7 +518,7 @@ class KeyIndex:
         for chunk_key, chunk in rewrites:
             txn.put(chunk_key, chunk, db=self._undo)
 
-    def _take_token_chunks(self, txn: lmdb.Transaction, tokens: list[str]) -> list[int]:
+    def _take_token_chunks(self, txn: _Txn, tokens: list[str]) -> list[int]:
         """Delete the token records of `tokens` and return their chunk sequence numbers."""
         seqs: list[int] = []
         for token in tokens:
@@ -513,7 +532,7 @@ class KeyIndex:
 
     def _replay_undo(
         self,
-        txn: lmdb.Transaction,
+        txn: _Txn,
         records: list[tuple[bytes, bytes | None, bytes | None]],
         superseded: dict[bytes, dict[bytes | None, bytes | None]],
     ) -> None:
@@ -539,7 +558,7 @@ class KeyIndex:
     def set_state(self, state: IndexState) -> None:
         self._write(lambda txn: self._put_state(txn, state))
 
-    def _put_state(self, txn: lmdb.Transaction, state: IndexState) -> None:
+    def _put_state(self, txn: _Txn, state: IndexState) -> None:
         txn.put(_META_STATE, _STATE_ENCODER.encode(state), db=self._meta)
 
     # -- maintenance -----------------------------------------------------------------------
@@ -547,7 +566,7 @@ class KeyIndex:
     def clear(self) -> None:
         """Empty keys, files, undo and meta (counters included) in one txn, for a rebuild."""
 
-        def body(txn: lmdb.Transaction) -> None:
+        def body(txn: _Txn) -> None:
             for db in (self._keys, self._files, self._undo, self._meta):
                 txn.drop(db, delete=False)
 

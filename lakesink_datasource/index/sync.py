@@ -22,8 +22,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -33,18 +33,18 @@ from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntryStatus
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Snapshot
 
-from lakesink_datasource.commit.idempotency import WRITE_ID, ancestors, snapshots_after
-from lakesink_datasource.commit.manifests import read_entries, read_manifest_list
+from lakesink_datasource.iceberg.history import ancestors, snapshots_after
+from lakesink_datasource.iceberg.live_files import live_data_files, live_deletion_vectors, read_deletion_vector
+from lakesink_datasource.iceberg.manifest_list import read_manifest_list
+from lakesink_datasource.iceberg.manifests import read_entries
+from lakesink_datasource.iceberg.partition_key import encode_partition
+from lakesink_datasource.iceberg.summary_keys import HOSTS, TOMBSTONES, WRITE_ID
 from lakesink_datasource.index.file_refs import FileRef, encode_ref
 from lakesink_datasource.index.key_encoding import encode_keys
 from lakesink_datasource.index.key_index import IndexState, KeyIndex, Location
-from lakesink_datasource.io.partitioning import encode_partition
-from lakesink_datasource.table.live_files import live_data_files, live_deletion_vectors, read_deletion_vector
 
 log = logging.getLogger("lakesink")
 
-HOSTS = "lakesink.hosts"  # summary key: hosts whose tasks contributed to a keyed batch
-TOMBSTONES = "lakesink.tombstones"  # summary key: Parquet files of the batch's sequenced deletes
 TOMBSTONE_DIR = "lakesink-tombstones"
 # The index's own format, shared with the task-side writer (write/keyed.py):
 TOMBSTONE = 0xFFFF_FFFF  # file ordinal of a deleted key that remembers its sequence
@@ -74,7 +74,7 @@ class KeyColumns:
     """Which table columns form the key and the sequence (as stored in data files)."""
 
     key: tuple[str, ...]
-    sequence: Optional[str]  # None when no sequence column, or it is not stored in the table
+    sequence: str | None  # None when no sequence column, or it is not stored in the table
 
 
 def index_files(
@@ -145,11 +145,11 @@ def rebuild(index: KeyIndex, io: FileIO, metadata: TableMetadata, columns: KeyCo
     log.info("lakesink: rebuilt key index %s from snapshot %s: %d keys from %d files", index.path, snapshot and snapshot.snapshot_id, rows, len(entries))
 
 
-def _state(metadata: TableMetadata, snapshot: Optional[Snapshot]) -> IndexState:
+def _state(metadata: TableMetadata, snapshot: Snapshot | None) -> IndexState:
     return IndexState(table_uuid=str(metadata.table_uuid), snapshot_id=snapshot.snapshot_id if snapshot else None)
 
 
-def _path_since(metadata: TableMetadata, since: Optional[int]) -> Optional[list[Snapshot]]:
+def _path_since(metadata: TableMetadata, since: int | None) -> list[Snapshot] | None:
     """Snapshots after `since` up to the current one, oldest first (None: not an ancestor)."""
     newest_first, found = snapshots_after(metadata, since)
     return list(reversed(newest_first)) if found else None

@@ -15,8 +15,6 @@ counts only). Two things it cannot see are handled here:
 
 from __future__ import annotations
 
-from typing import Union
-
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -30,8 +28,8 @@ from pyiceberg.io.pyarrow import (
 from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, FloatType, NestedField, StructType
 
-from lakesink_datasource.io.partitioning import PartitionKey
-from lakesink_datasource.write.messages import DataFileMessage
+from lakesink_datasource.iceberg.partition_key import PartitionKey
+from lakesink_datasource.messages import DataFileMessage
 
 _NO_BOUNDS_MODES = (MetricModeTypes.NONE, MetricModeTypes.COUNTS)
 
@@ -72,7 +70,7 @@ def data_file_message(
     )
 
 
-def count_nans(table: Union[pa.Table, pa.RecordBatch], iceberg_schema: Schema) -> dict[int, int]:
+def count_nans(table: pa.Table | pa.RecordBatch, iceberg_schema: Schema) -> dict[int, int]:
     """NaN count per float/double field id, top level and inside structs (lists/maps skipped).
 
     Every float/double column present gets an entry, zeros included: a known zero lets
@@ -91,7 +89,7 @@ def add_counts(total: dict[int, int], more: dict[int, int]) -> None:
         total[field_id] = total.get(field_id, 0) + n
 
 
-def _count_field(field: NestedField, values: Union[pa.Array, pa.ChunkedArray], counts: dict[int, int]) -> None:
+def _count_field(field: NestedField, values: pa.Array | pa.ChunkedArray, counts: dict[int, int]) -> None:
     kind = field.field_type
     if isinstance(kind, (FloatType, DoubleType)):
         counts[field.field_id] = int(pc.sum(pc.is_nan(values)).as_py() or 0)
@@ -118,13 +116,13 @@ def _fields_missing_min_max(
             column = row_group.column(c)
             field_id = column_ids.get(column.path_in_schema)
             collector = plan.get(field_id) if field_id is not None else None
-            if collector is None or collector.mode.type in _NO_BOUNDS_MODES or field_id in missing:
+            if field_id is None or collector is None or collector.mode.type in _NO_BOUNDS_MODES or field_id in missing:
                 continue
             if isinstance(collector.iceberg_type, (FloatType, DoubleType)):
                 continue
             statistics = column.statistics if column.is_stats_set else None
             if statistics is None or (not statistics.has_min_max and _has_non_null_values(statistics, column)):
-                missing.add(field_id)  # type: ignore[arg-type]
+                missing.add(field_id)
     return missing
 
 

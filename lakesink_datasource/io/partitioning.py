@@ -5,28 +5,25 @@ transform, rows are grouped by dictionary codes, and a single stable `take` reor
 batch so every group is a contiguous zero-copy slice. Python only loops per *group* (to
 serialize the partition values), never per row.
 
-A partition key is a tuple with one Iceberg single-value serialization per partition
-field (None for null), exactly what `DataFileMessage.partition` carries.
+Groups are named by their `PartitionKey` (`iceberg.partition_key`), exactly what
+`DataFileMessage.partition` carries.
 """
 
 from __future__ import annotations
 
-import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.conversions import from_bytes, to_bytes
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import Transform, VoidTransform
-from pyiceberg.typedef import Record
-from pyiceberg.types import DecimalType, IcebergType, PrimitiveType, StructType, UUIDType
-from pyiceberg.utils.decimal import decimal_to_bytes
+from pyiceberg.types import PrimitiveType, StructType
 
-PartitionKey = tuple[Optional[bytes], ...]
+from lakesink_datasource.iceberg.partition_key import PartitionKey, value_to_bytes
 
 # Combined group ids are products of per-field cardinalities; re-densify before they could
 # overflow int64 (each cardinality is <= the row count, so this only matters for many fields).
@@ -41,7 +38,7 @@ class _FieldPlan:
     source_type: PrimitiveType
     result_type: PrimitiveType
     transform: Transform[Any, Any]
-    arrow_fn: Optional[Callable[[pa.Array], pa.Array]]  # None when pyiceberg has no Arrow kernel
+    arrow_fn: Callable[[pa.Array], pa.Array] | None  # None when pyiceberg has no Arrow kernel
 
 
 class PartitionSplitter:
@@ -56,7 +53,7 @@ class PartitionSplitter:
     def is_unpartitioned(self) -> bool:
         return not self._plans
 
-    def split(self, batch: Union[pa.RecordBatch, pa.Table]) -> list[tuple[PartitionKey, pa.Table]]:
+    def split(self, batch: pa.RecordBatch | pa.Table) -> list[tuple[PartitionKey, pa.Table]]:
         """Group rows by partition; rows keep their input order inside each group.
 
         Groups come back in order of their first row in the batch (deterministic output).
@@ -76,7 +73,7 @@ class PartitionSplitter:
         grouped = table.take(pa.array(order))
         return [(key, grouped.slice(int(s), int(c))) for key, s, c in zip(keys, starts, counts)]
 
-    def split_rows(self, batch: Union[pa.RecordBatch, pa.Table]) -> list[tuple[PartitionKey, np.ndarray]]:
+    def split_rows(self, batch: pa.RecordBatch | pa.Table) -> list[tuple[PartitionKey, np.ndarray]]:
         """Like split(), but each group is the row indices (int64, input order) of its rows:
         keyed writes need to know which input row lands where."""
         table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
@@ -121,49 +118,10 @@ class PartitionSplitter:
         """Serialize each group's partition values (taken from the group's first row)."""
         rows = pa.array(first_rows)
         per_field = [
-            [None if v is None else _to_bytes(plan.result_type, v) for v in col.take(rows).to_pylist()]
+            [None if v is None else value_to_bytes(plan.result_type, v) for v in col.take(rows).to_pylist()]
             for plan, col in zip(self._plans, columns)
         ]
         return [tuple(values) for values in zip(*per_field)]
-
-
-def decode_partition(spec: PartitionSpec, schema: Schema, key: PartitionKey) -> Record:
-    """Turn serialized partition values back into a Record of Iceberg internal values."""
-    fields = spec.partition_type(schema).fields
-    if len(fields) != len(key):
-        raise ValueError(f"Partition key has {len(key)} values, spec {spec.spec_id} has {len(fields)} fields")
-    return Record(*[None if b is None else _from_bytes(f.field_type, b) for f, b in zip(fields, key)])
-
-
-def encode_partition(spec: PartitionSpec, schema: Schema, record: Record) -> PartitionKey:
-    """A manifest's partition Record -> the serialized key tasks and messages use."""
-    fields = spec.partition_type(schema).fields
-    return tuple(None if record[i] is None else _to_bytes(f.field_type, record[i]) for i, f in enumerate(fields))  # type: ignore[arg-type]
-
-
-def partition_path(spec: PartitionSpec, schema: Schema, key: PartitionKey) -> str:
-    """The Hive-style `name=value/...` directory of a partition ("" when unpartitioned)."""
-    if spec.is_unpartitioned():
-        return ""
-    return spec.partition_to_path(decode_partition(spec, schema, key), schema)
-
-
-def _to_bytes(kind: PrimitiveType, value: Any) -> bytes:
-    if isinstance(kind, DecimalType):
-        # truncate[W] can round a decimal past its declared precision (truncate[50] of
-        # -9999999.51 in decimal(9,2) is -10000000.00); pyiceberg's to_bytes rejects that,
-        # while Java serializes the unscaled value regardless. Do the same.
-        return decimal_to_bytes(value)
-    return to_bytes(kind, value)
-
-
-def _from_bytes(kind: IcebergType, value: bytes) -> Any:
-    decoded = from_bytes(kind, value)  # type: ignore[arg-type]
-    # from_bytes leaves UUIDs as 16 bytes; pyiceberg reads manifests' UUID partitions back as
-    # uuid.UUID, and only that renders as the canonical string in partition paths.
-    if isinstance(kind, UUIDType) and isinstance(decoded, bytes):
-        return uuid.UUID(bytes=decoded)
-    return decoded
 
 
 def _plan_field(field: PartitionField, schema: Schema) -> _FieldPlan:
@@ -174,7 +132,7 @@ def _plan_field(field: PartitionField, schema: Schema) -> _FieldPlan:
     result_type = field.transform.result_type(source_type)
     assert isinstance(result_type, PrimitiveType)
     try:
-        arrow_fn: Optional[Callable[[pa.Array], pa.Array]] = field.transform.pyarrow_transform(source_type)
+        arrow_fn: Callable[[pa.Array], pa.Array] | None = field.transform.pyarrow_transform(source_type)
     except NotImplementedError:
         arrow_fn = None
     return _FieldPlan(
@@ -190,7 +148,7 @@ def _without_arrow_fn(plan: _FieldPlan) -> _FieldPlan:
     return _FieldPlan(plan.path, plan.source_type, plan.result_type, plan.transform, None)
 
 
-def _source_path(struct: StructType, field_id: int) -> Optional[tuple[str, ...]]:
+def _source_path(struct: StructType, field_id: int) -> tuple[str, ...] | None:
     """Names leading to a field through nested structs (partition sources never sit in lists/maps)."""
     for field in struct.fields:
         if field.field_id == field_id:
@@ -202,8 +160,8 @@ def _source_path(struct: StructType, field_id: int) -> Optional[tuple[str, ...]]
     return None
 
 
-def _source_column(table: pa.Table, path: tuple[str, ...]) -> Union[pa.Array, pa.ChunkedArray]:
-    column: Union[pa.Array, pa.ChunkedArray] = table.column(path[0])
+def _source_column(table: pa.Table, path: tuple[str, ...]) -> pa.Array | pa.ChunkedArray:
+    column: pa.Array | pa.ChunkedArray = table.column(path[0])
     for name in path[1:]:
         index = column.type.get_field_index(name)
         if index < 0:
@@ -213,7 +171,7 @@ def _source_column(table: pa.Table, path: tuple[str, ...]) -> Union[pa.Array, pa
     return column
 
 
-def _combine(values: Union[pa.Array, pa.ChunkedArray]) -> pa.Array:
+def _combine(values: pa.Array | pa.ChunkedArray) -> pa.Array:
     if isinstance(values, pa.ChunkedArray):
         return values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
     return values
@@ -249,7 +207,7 @@ def _transform_distinct_values(plan: _FieldPlan, source: pa.Array) -> pa.Array:
 
 def _group_rows(columns: list[pa.Array]) -> tuple[np.ndarray, np.ndarray]:
     """Dense group id per row (numbered by first appearance) and each group's first row."""
-    combined: Optional[np.ndarray] = None
+    combined: np.ndarray | None = None
     cardinality = 1
     for column in columns:
         encoded = pc.dictionary_encode(column, null_encoding="encode")  # null is its own group

@@ -24,8 +24,8 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -33,9 +33,9 @@ import pyarrow.parquet as pq
 from pyiceberg.io import FileIO, OutputStream
 from pyiceberg.schema import Schema
 
+from lakesink_datasource.iceberg.partition_key import PartitionKey
 from lakesink_datasource.io.metrics import add_counts, count_nans, data_file_message
-from lakesink_datasource.io.partitioning import PartitionKey
-from lakesink_datasource.write.messages import DataFileMessage
+from lakesink_datasource.messages import DataFileMessage
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class _OpenFile:
     def position(self) -> int:
         return int(self.stream.tell())
 
-    def ratio(self) -> Optional[float]:
+    def ratio(self) -> float | None:
         """Parquet bytes per Arrow byte seen so far in this file."""
         return self.position / self.arrow_bytes if self.arrow_bytes else None
 
@@ -84,8 +84,8 @@ class _Partition:
     buffered_bytes: int = 0
     file_index: int = 0  # number of the file rows are currently assigned to
     assigned_rows: int = 0  # rows assigned to that file (written + buffered)
-    path: Optional[str] = None  # that file's location, named once per file
-    file: Optional[_OpenFile] = None
+    path: str | None = None  # that file's location, named once per file
+    file: _OpenFile | None = None
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ class PartitionedParquetWriter:
         row_group_bytes: int = 64 * MiB,
         buffer_limit_bytes: int = 256 * MiB,
         compression: str = "zstd",
-        max_open_files: Optional[int] = None,
+        max_open_files: int | None = None,
     ) -> None:
         if min(target_file_size, row_group_bytes, buffer_limit_bytes) <= 0:
             raise ValueError("target_file_size, row_group_bytes and buffer_limit_bytes must be positive")
@@ -285,7 +285,7 @@ class PartitionedParquetWriter:
                 self._io.delete(path)
             except FileNotFoundError:
                 pass
-            except Exception:  # noqa: BLE001 - abort must go on deleting the rest
+            except Exception:
                 logger.warning("could not delete %s while aborting", path, exc_info=True)
         self._messages.clear()
         return list(self._paths)
@@ -390,5 +390,5 @@ def _close_quietly(file: _OpenFile) -> None:
     for close in (file.writer.close, file.stream.close):
         try:
             close()
-        except Exception:  # noqa: BLE001 - best effort during abort
+        except Exception:
             logger.debug("ignoring error while closing %s", file.path, exc_info=True)

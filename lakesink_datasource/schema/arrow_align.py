@@ -7,8 +7,6 @@ purpose: they are what Spark sends, so no per-batch offset widening is needed.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import pyarrow as pa
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
@@ -40,7 +38,7 @@ def table_arrow_schema(schema: Schema) -> pa.Schema:
 class BatchAligner:
     """Turns one Spark Arrow batch into a Table of the table's Arrow schema."""
 
-    def __init__(self, target: pa.Schema, sources: list[Optional[str]]):
+    def __init__(self, target: pa.Schema, sources: list[str | None]):
         self._target = target
         self._sources = sources
 

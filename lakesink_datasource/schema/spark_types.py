@@ -7,7 +7,7 @@ with the column named and nothing written.
 from __future__ import annotations
 
 import itertools
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
@@ -129,7 +129,7 @@ def _compatible(source: IcebergType, target: IcebergType) -> bool:
     return False
 
 
-def column_mapping(struct: T.StructType, table_schema: Schema, ignore: tuple[str, ...] = ()) -> list[Optional[str]]:
+def column_mapping(struct: T.StructType, table_schema: Schema, ignore: tuple[str, ...] = ()) -> list[str | None]:
     """For each top-level table column, the DataFrame column that feeds it (None: write nulls).
 
     Raises SchemaError naming the column when the DataFrame has a column the table lacks,
@@ -156,7 +156,7 @@ def column_mapping(struct: T.StructType, table_schema: Schema, ignore: tuple[str
                 f"which cannot be written to table column '{target.name}' of type {target.field_type}"
             )
         source_by_table[target.name] = spark_field.name
-    mapping: list[Optional[str]] = []
+    mapping: list[str | None] = []
     for f in table_schema.fields:
         source = source_by_table.get(f.name)
         if source is None and f.required:

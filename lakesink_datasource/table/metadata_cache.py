@@ -16,14 +16,14 @@ from pyiceberg.serializers import FromInputFile
 from pyiceberg.table.metadata import TableMetadata
 
 _MAX_ENTRIES = 16
-_metadata: "OrderedDict[str, TableMetadata]" = OrderedDict()
+_metadata: OrderedDict[str, TableMetadata] = OrderedDict()
 _io: dict[tuple[tuple[str, str], ...], FileIO] = {}
 _lock = threading.Lock()
 loads = 0  # how many metadata files this process parsed (observability and tests)
 
 
 def file_io(properties: dict[str, str], location: str) -> FileIO:
-    key = tuple(sorted(properties.items())) + (("__scheme", location.split(":", 1)[0]),)
+    key = (*tuple(sorted(properties.items())), ("__scheme", location.split(":", 1)[0]))
     with _lock:
         io = _io.get(key)
         if io is None:

@@ -43,7 +43,9 @@ _TIME = {
 
 
 def _split_terms(text: str) -> list[str]:
-    terms, depth, current = [], 0, []
+    terms: list[str] = []
+    current: list[str] = []
+    depth = 0
     for ch in text:
         if ch == "(":
             depth += 1

@@ -7,8 +7,6 @@ catalog, and so a task can tell that its batch was already committed.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import msgspec
 
 from lakesink_datasource.catalog.loader import CatalogConfig
@@ -19,10 +17,10 @@ class KeyedPlan(msgspec.Struct, frozen=True, kw_only=True):
     """Column roles of a keyed write, by DataFrame name (sources) and table name."""
 
     key_sources: tuple[str, ...]
-    op_source: Optional[str]
-    sequence_source: Optional[str]
+    op_source: str | None
+    sequence_source: str | None
     table_key_columns: tuple[str, ...]
-    table_sequence_column: Optional[str]  # None when the sequence is not stored in the table
+    table_sequence_column: str | None  # None when the sequence is not stored in the table
 
 
 class WritePlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -34,6 +32,6 @@ class WritePlan(msgspec.Struct, frozen=True, kw_only=True):
     io_properties: dict[str, str]
     format_version: int
     overwrite: bool
-    column_sources: list[Optional[str]]  # per table column, the DataFrame column feeding it
-    planned_snapshot_id: Optional[int]
-    keyed: Optional[KeyedPlan] = None
+    column_sources: list[str | None]  # per table column, the DataFrame column feeding it
+    planned_snapshot_id: int | None
+    keyed: KeyedPlan | None = None

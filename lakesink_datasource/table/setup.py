@@ -8,23 +8,22 @@ byte, so a bad write fails fast and leaves the table as it was.
 from __future__ import annotations
 
 import uuid
-from typing import Optional
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.table import Table
+from pyiceberg.types import DoubleType, FloatType, PrimitiveType
 from pyspark.sql.types import StructType
 
 from lakesink_datasource.catalog import loader
-from pyiceberg.types import DoubleType, FloatType, PrimitiveType
-
+from lakesink_datasource.iceberg.compat import v3_metadata_writes
 from lakesink_datasource.options import KEYED_OPERATIONS, OptionError, WriteOptions
 from lakesink_datasource.schema.spark_types import SchemaError, column_mapping, spark_to_iceberg_schema
 from lakesink_datasource.table.partition_spec import parse_partition_spec
 from lakesink_datasource.table.plan import KeyedPlan, WritePlan
 
 
-def load_table(catalog: Catalog, identifier: str) -> Optional[Table]:
+def load_table(catalog: Catalog, identifier: str) -> Table | None:
     try:
         return catalog.load_table(identifier)
     except NoSuchTableError:
@@ -48,18 +47,19 @@ def create_table(catalog: Catalog, options: WriteOptions, spark_schema: StructTy
     except NamespaceAlreadyExistsError:
         pass
     try:
-        return catalog.create_table(
-            options.table,
-            schema=schema,
-            partition_spec=spec,
-            properties={"format-version": str(options.format_version)},
-        )
+        with v3_metadata_writes():
+            return catalog.create_table(
+                options.table,
+                schema=schema,
+                partition_spec=spec,
+                properties={"format-version": str(options.format_version)},
+            )
     except TableAlreadyExistsError:
         # Another writer created it between our load and create: use theirs.
         return catalog.load_table(options.table)
 
 
-def resolve_table(options: WriteOptions, spark_schema: StructType, *, create: bool = True) -> Optional[Table]:
+def resolve_table(options: WriteOptions, spark_schema: StructType, *, create: bool = True) -> Table | None:
     catalog = loader.load(loader.catalog_config(options))
     table = load_table(catalog, options.table)
     if table is None and create:
@@ -67,7 +67,7 @@ def resolve_table(options: WriteOptions, spark_schema: StructType, *, create: bo
     return table
 
 
-def _find(struct: StructType, name: str) -> Optional[str]:
+def _find(struct: StructType, name: str) -> str | None:
     return next((f.name for f in struct.fields if f.name.lower() == name.lower()), None)
 
 
@@ -99,7 +99,7 @@ def _check_keyed_options(options: WriteOptions, spark_schema: StructType, overwr
             raise SchemaError(f"primary key column '{column}' is missing from the DataFrame")
 
 
-def _plan_keys(options: WriteOptions, spark_schema: StructType, table: Table) -> Optional[KeyedPlan]:
+def _plan_keys(options: WriteOptions, spark_schema: StructType, table: Table) -> KeyedPlan | None:
     if options.operation not in KEYED_OPERATIONS:
         return None
     schema = table.schema()
@@ -147,6 +147,11 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
     parse_partition_spec(options.partition_by, probe)
     table = resolve_table(options, spark_schema)
     assert table is not None
+    if table.metadata.format_version < 2:
+        raise OptionError(
+            f"table {options.table} is Iceberg format version 1; lakesink writes versions 2 and 3 "
+            "(upgrade it first, e.g. ALTER TABLE ... SET TBLPROPERTIES ('format-version' = '2'))"
+        )
     keyed = _plan_keys(options, spark_schema, table)
     sources = column_mapping(spark_schema, table.schema(), ignore=(options.op_column,) if options.op_column else ())
     current = table.metadata.current_snapshot()

@@ -8,8 +8,8 @@ or a delete. Across batches the key index applies the same rule (see `write/keye
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +31,7 @@ class Changes:
     rows: np.ndarray  # int64 indices into the input batch
     keys: list[bytes]  # encoded primary key per winner
     is_delete: np.ndarray  # bool per winner
-    sequences: Optional[list[bytes]]  # encoded sequence per winner (None: no sequence column)
+    sequences: list[bytes] | None  # encoded sequence per winner (None: no sequence column)
 
 
 def _op_kinds(ops: pa.Array, op_column: str, delete_ops: Sequence[str]) -> np.ndarray:
@@ -55,9 +55,9 @@ def resolve_changes(
     batch: pa.RecordBatch | pa.Table,
     key_columns: Sequence[str],
     *,
-    op_column: Optional[str] = None,
+    op_column: str | None = None,
     delete_ops: Sequence[str] = ("d",),
-    sequence_column: Optional[str] = None,
+    sequence_column: str | None = None,
     keep: str = "last",
 ) -> Changes:
     """keep="last": the winner is the highest sequence, else the last row (upsert, cdc);
@@ -69,7 +69,7 @@ def resolve_changes(
     except NullKeyError as exc:
         raise KeyedInputError(f"primary key column '{exc.column_name}' has {exc.null_count} null value(s)") from None
     is_delete = _op_kinds(batch.column(op_column), op_column, delete_ops) if op_column else np.zeros(n, dtype=bool)
-    sequences: Optional[list[bytes]] = None
+    sequences: list[bytes] | None = None
     if sequence_column is not None and n:
         try:
             sequences = encode_keys([batch.column(sequence_column)], names=[sequence_column])

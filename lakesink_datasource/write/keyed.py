@@ -1,7 +1,8 @@
 """Keyed writes on the executor: upsert, cdc and dedupe through the host's key index.
 
-Per chunk of input (at least CHUNK_ROWS rows of Spark's Arrow batches): resolve one change per key (`changes.py`), then, holding the host lock,
-look the keys up in the LMDB index, decide each change against what the index says, hand
+Per chunk of input (`write.task` regroups Spark's Arrow batches into chunks of CHUNK_ROWS
+rows): resolve one change per key (`changes.py`), then, holding the host lock, look the
+keys up in the LMDB index, decide each change against what the index says, hand
 the surviving rows to the rolling writer (which names each row's final file and position)
 and record the new locations under this task's undo token. Replaced and deleted rows
 become positions in `hidden`, per data file; the commit turns them into deletion vectors.
@@ -19,7 +20,7 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -42,12 +43,10 @@ from lakesink_datasource.index.sync import (
 )
 from lakesink_datasource.io.partitioning import PartitionSplitter
 from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
+from lakesink_datasource.messages import PositionDeletesMessage
 from lakesink_datasource.schema.arrow_align import BatchAligner
 from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.write.changes import resolve_changes
-from lakesink_datasource.write.messages import PositionDeletesMessage
-
-CHUNK_ROWS = 65536
 
 
 def index_location(plan: WritePlan, metadata: TableMetadata) -> str:
@@ -92,8 +91,6 @@ class KeyedWriter:
         self._hidden: dict[int, list[np.ndarray]] = defaultdict(list)  # ordinal -> positions
         self._hashes: list[np.ndarray] = []
         self._tombstones: list[pa.Table] = []
-        self._pending: list[pa.RecordBatch] = []
-        self._pending_rows = 0
         self.rows_deleted = 0
         self.rows_ignored = 0
 
@@ -112,23 +109,9 @@ class KeyedWriter:
         return pa.table(columns)
 
     def write(self, batch: pa.RecordBatch) -> None:
-        """Queue a batch; changes are resolved per chunk of at least CHUNK_ROWS rows, which
-        amortises the lock and the two index transactions over many of Spark's small batches."""
+        """Apply one chunk: one lock round and one index transaction for all of its keys."""
         if batch.num_rows == 0:
             return
-        self._pending.append(batch)
-        self._pending_rows += batch.num_rows
-        if self._pending_rows >= CHUNK_ROWS:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self._pending:
-            return
-        batch = self._pending[0] if len(self._pending) == 1 else pa.concat_batches(self._pending)
-        self._pending, self._pending_rows = [], 0
-        self._process(batch)
-
-    def _process(self, batch: pa.RecordBatch) -> None:
         keyed = self._keyed
         aligned = self._aligner.align(batch)
         resolution = self._resolution_table(batch, aligned)
@@ -143,12 +126,12 @@ class KeyedWriter:
         rows = aligned.take(pa.array(changes.rows))
         started = time.perf_counter()
 
-        def decide(existing: list[Optional[Location]], ordinal_of: Callable[[str], int]) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
+        def decide(existing: list[Location | None], ordinal_of: Callable[[str], int]) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
             write_mask, puts, deletes, tombstones = self._decide(changes.keys, changes.is_delete, changes.sequences, existing)
             if tombstones:
                 picked = resolution.take(pa.array(changes.rows[tombstones]))
                 names = list(keyed.table_key_columns)
-                self._tombstones.append(picked.select(names + [keyed.sequence_source]).rename_columns(names + [SEQUENCE]))
+                self._tombstones.append(picked.select([*names, keyed.sequence_source]).rename_columns([*names, SEQUENCE]))
             if write_mask.any():
                 chosen = np.flatnonzero(write_mask)
                 sequences = [changes.sequences[i] for i in chosen] if changes.sequences else None
@@ -161,7 +144,7 @@ class KeyedWriter:
         self._writer.flush_pending()  # Parquet encoding outside the lock
 
     def _decide(
-        self, keys: list[bytes], is_delete: np.ndarray, sequences: Optional[list[bytes]], existing: list[Optional[Location]]
+        self, keys: list[bytes], is_delete: np.ndarray, sequences: list[bytes] | None, existing: list[Location | None]
     ) -> tuple[np.ndarray, list[tuple[bytes, bytes]], list[bytes], list[int]]:
         dedupe = self._plan.options.operation == "dedupe"
         write_mask = np.zeros(len(keys), dtype=bool)
@@ -175,22 +158,22 @@ class KeyedWriter:
             if loc is not None and seq is not None and loc.sequence is not None and loc.sequence > seq:
                 self.rows_ignored += 1  # a late, older change
                 continue
-            live = loc is not None and loc.file_ordinal != TOMBSTONE
+            live = loc if loc is not None and loc.file_ordinal != TOMBSTONE else None
             if dedupe:
-                if live:
+                if live is not None:
                     self.rows_ignored += 1
                 else:
                     write_mask[i] = True
                 continue
-            if live:
-                hide_ordinals.append(loc.file_ordinal)  # type: ignore[union-attr]
-                hide_positions.append(loc.position)  # type: ignore[union-attr]
+            if live is not None:
+                hide_ordinals.append(live.file_ordinal)
+                hide_positions.append(live.position)
             if is_delete[i]:
-                self.rows_deleted += int(live)
+                self.rows_deleted += int(live is not None)
                 if seq is not None:
                     puts.append((key, pack_location(Location(TOMBSTONE, 0, seq))))
                     tombstones.append(i)
-                elif live:
+                elif live is not None:
                     deletes.append(key)
             else:
                 write_mask[i] = True
@@ -201,7 +184,7 @@ class KeyedWriter:
         return write_mask, puts, deletes, tombstones
 
     def _place(
-        self, rows: pa.Table, keys: list[bytes], sequences: Optional[list[bytes]], ordinal_of: Callable[[str], int]
+        self, rows: pa.Table, keys: list[bytes], sequences: list[bytes] | None, ordinal_of: Callable[[str], int]
     ) -> list[tuple[bytes, bytes]]:
         """Write rows and return the index entries (packed) pointing at their files and positions."""
         puts: list[tuple[bytes, bytes]] = []
@@ -237,7 +220,7 @@ class KeyedWriter:
             out.append(PositionDeletesMessage(ref.path, ref.spec_id, ref.partition, bitmap.serialize()))
         return out
 
-    def write_tombstones(self, io: FileIO, location: str) -> Optional[str]:
+    def write_tombstones(self, io: FileIO, location: str) -> str | None:
         """Persist this task's deletes with their sequence (key columns + sequence), so an
         index rebuilt from the table still refuses older late changes of deleted keys."""
         if not self._tombstones:

@@ -9,22 +9,24 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Any
 
 import pyarrow as pa
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
 
-from lakesink_datasource.commit import idempotency
 from lakesink_datasource.faults import fault_point
-from lakesink_datasource.io.partitioning import PartitionKey, PartitionSplitter, partition_path
-from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
-from lakesink_datasource.schema.arrow_align import BatchAligner, table_arrow_schema
-from lakesink_datasource.table import metadata_cache
-from lakesink_datasource.table.plan import WritePlan
+from lakesink_datasource.iceberg.partition_key import PartitionKey, partition_path
 from lakesink_datasource.index.sync import TOMBSTONE_DIR
+from lakesink_datasource.io.partitioning import PartitionSplitter
+from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
+from lakesink_datasource.messages import LakeSinkCommitMessage, TaskResult, TaskStats
+from lakesink_datasource.schema.arrow_align import BatchAligner, table_arrow_schema
+from lakesink_datasource.table import idempotency, metadata_cache
+from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.write.keyed import KeyedWriter
-from lakesink_datasource.write.messages import LakeSinkCommitMessage, TaskResult, TaskStats
-
 
 MAX_OPEN_FILES = 100
 # Spark hands Arrow batches of 10K rows (spark.sql.execution.arrow.maxRecordsPerBatch);
@@ -55,11 +57,11 @@ class TaskIdentity:
 
     partition_id: int = 0
     attempt: int = 0
-    batch_id: Optional[int] = None
-    query_id: Optional[str] = None
+    batch_id: int | None = None
+    query_id: str | None = None
 
     @classmethod
-    def from_spark(cls) -> "TaskIdentity":
+    def from_spark(cls) -> TaskIdentity:
         # Spark sets these local properties on every task of a streaming micro-batch.
         from pyspark import TaskContext
 
@@ -75,7 +77,7 @@ class TaskIdentity:
         )
 
 
-def _file_namer(plan: WritePlan, data_dir: str, spec, schema, who: TaskIdentity):  # type: ignore[no-untyped-def]
+def _file_namer(data_dir: str, spec: PartitionSpec, schema: Schema, who: TaskIdentity) -> Callable[[PartitionKey, int], str]:
     # Unique per task attempt: a retried or replayed task never overwrites a file that
     # a committed snapshot may reference.
     prefix = f"{who.batch_id if who.batch_id is not None else 0:05d}-{who.partition_id:05d}-{who.attempt}-{uuid.uuid4().hex[:12]}"
@@ -89,12 +91,12 @@ def _file_namer(plan: WritePlan, data_dir: str, spec, schema, who: TaskIdentity)
 
 
 def write_task(
-    plan: WritePlan, batches: Iterator[pa.RecordBatch], who: Optional[TaskIdentity] = None
+    plan: WritePlan, batches: Iterator[pa.RecordBatch], who: TaskIdentity | None = None
 ) -> LakeSinkCommitMessage:
     who = who or TaskIdentity.from_spark()
     metadata = metadata_cache.load(plan.metadata_location, plan.io_properties)
 
-    def result(**kwargs) -> LakeSinkCommitMessage:  # type: ignore[no-untyped-def]
+    def result(**kwargs: Any) -> LakeSinkCommitMessage:
         return LakeSinkCommitMessage.of(
             TaskResult(
                 write_id=plan.write_id,
@@ -127,7 +129,7 @@ def write_task(
         arrow_schema=arrow_schema,
         spec_id=spec.spec_id,
         table_properties=metadata.properties,
-        path_for=_file_namer(plan, data_dir, spec, schema, who),
+        path_for=_file_namer(data_dir, spec, schema, who),
         target_file_size=plan.options.target_file_size_bytes,
         # Each open output stream holds its own buffer outside the row-group budget, so a
         # task keeps at most this many files open (the least recently written closes).
@@ -135,7 +137,7 @@ def write_task(
     )
     rows_in = 0
     partition_seconds = write_seconds = 0.0
-    keyed: Optional[KeyedWriter] = None
+    keyed: KeyedWriter | None = None
     try:
         if plan.keyed is not None:
             keyed = KeyedWriter(plan, metadata, io, writer, splitter, aligner, partition_id=who.partition_id, attempt=who.attempt)
@@ -153,8 +155,6 @@ def write_task(
             partition_seconds += t1 - t0
             write_seconds += time.perf_counter() - t1
         t1 = time.perf_counter()
-        if keyed is not None:
-            keyed.flush()
         files = writer.close()
         write_seconds += time.perf_counter() - t1
         fault_point("task_files_written", who.batch_id)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lakesink_testing import assert_readers_see, expected_rows, load
 
-from lakesink_datasource.commit.idempotency import EPOCH_ID
+from lakesink_datasource.iceberg.summary_keys import EPOCH_ID
 
 PYICEBERG_APPEND = """
 import sys

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from lakesink_testing import assert_readers_see, expected_rows, load
 
-from lakesink_datasource.commit.idempotency import EPOCH_ID
+from lakesink_datasource.iceberg.summary_keys import EPOCH_ID
 
 CHILD = str(Path(__file__).with_name("stream_child.py"))
 COLUMNS = ["id", "name"]

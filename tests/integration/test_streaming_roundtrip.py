@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from lakesink_testing import assert_readers_see, expected_rows, load
 
-from lakesink_datasource.commit.idempotency import EPOCH_ID, QUERY_ID
+from lakesink_datasource.iceberg.summary_keys import EPOCH_ID, QUERY_ID
 
 COLUMNS = ["id", "name", "amount", "ts"]
 

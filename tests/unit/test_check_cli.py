@@ -15,18 +15,18 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from pyroaring import BitMap64
 from lakesink_testing import embedded_catalog
+from pyroaring import BitMap64
 from pyspark.sql import types as T
 
 from lakesink_datasource.check import main
 from lakesink_datasource.commit.committer import commit_write
-from lakesink_datasource.deletes.puffin import DVBlobRef
+from lakesink_datasource.iceberg.live_files import live_deletion_vectors
+from lakesink_datasource.iceberg.manifests import content_offset, content_size_in_bytes
+from lakesink_datasource.iceberg.puffin import DVBlobRef
+from lakesink_datasource.messages import PositionDeletesMessage, TaskResult, decode_messages
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.table.setup import plan_write
-from lakesink_datasource.commit.manifests import content_offset, content_size_in_bytes
-from lakesink_datasource.table.live_files import live_deletion_vectors
-from lakesink_datasource.write.messages import PositionDeletesMessage, TaskResult, decode_messages
 from lakesink_datasource.write.task import TaskIdentity, write_task
 
 IDENT = "db.t"

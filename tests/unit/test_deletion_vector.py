@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyroaring import BitMap, BitMap64
 
-from lakesink_datasource.deletes.deletion_vector import (
+from lakesink_datasource.iceberg.deletion_vector import (
     DV_MAGIC,
     MAX_KEY,
     MAX_POSITION,
@@ -217,7 +217,7 @@ def test_rejects_bad_magic() -> None:
 
 @pytest.mark.parametrize("keep", [0, 3, 11, 19, 49])
 def test_rejects_truncated_blob(keep: int) -> None:
-    with pytest.raises(InvalidDeletionVector, match="truncated|length prefix"):
+    with pytest.raises(InvalidDeletionVector, match=r"truncated|length prefix"):
         decode_dv(_vector(SAMPLE)[:keep])
 
 

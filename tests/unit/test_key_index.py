@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from hypothesis import given, settings
@@ -192,11 +192,13 @@ operation = st.one_of(
 
 
 class Model:
-    """The documented semantics on a plain dict.
+    """The documented undo contract on a plain dict.
 
     Each apply logs (token, key, previous, new) for keys it changes. Rollback replays the
     chosen tokens' records newest first, restoring `previous` only while the key still
-    holds that record's `new` value. Commit forgets the records.
+    holds that record's `new` value; where a surviving token overwrote the key since, that
+    token's record is changed to restore what the rolled-back write had replaced (its
+    `previous` never reached the table). Commit forgets the records.
     """
 
     def __init__(self) -> None:
@@ -220,10 +222,23 @@ class Model:
         self.pending = [t for t in self.pending if t not in tokens]
 
     def rollback(self, tokens: list[str]) -> None:
+        stood_for: dict[tuple[bytes, Location | None], Location | None] = {}
         for token, k, prev, new in reversed(self.log):
-            if token in tokens and self.mapping.get(k) == new:
+            if token not in tokens:
+                continue
+            if self.mapping.get(k) == new:
                 self._set(k, prev)
+            else:
+                stood_for[(k, new)] = prev
         self.commit(tokens)
+        spliced = []
+        for token, k, prev, new in self.log:
+            seen = set()
+            while (k, prev) in stood_for and prev not in seen:
+                seen.add(prev)
+                prev = stood_for[(k, prev)]
+            spliced.append((token, k, prev, new))
+        self.log = spliced
 
     def _set(self, k: bytes, value: Location | None) -> None:
         if value is None:

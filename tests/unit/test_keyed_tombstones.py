@@ -11,10 +11,10 @@ from pyspark.sql import types as T
 
 from lakesink_datasource.check import check_table
 from lakesink_datasource.commit.committer import commit_write
-from lakesink_datasource.index.sync import TOMBSTONES
+from lakesink_datasource.iceberg.summary_keys import TOMBSTONES
+from lakesink_datasource.messages import decode_messages
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.table.setup import plan_write
-from lakesink_datasource.write.messages import decode_messages
 from lakesink_datasource.write.task import TaskIdentity, write_task
 
 SCHEMA = T.StructType([T.StructField(n, t) for n, t in [("id", T.LongType()), ("v", T.StringType()), ("seq", T.LongType()), ("op", T.StringType())]])

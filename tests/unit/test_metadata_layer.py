@@ -10,8 +10,8 @@ three ways that share no code with lakesink's writers:
 * DuckDB's iceberg extension, whose `_row_id` / `_last_updated_sequence_number`
   columns expose the row-lineage values a reader derives from the metadata.
 
-The facts asserted are the ones readers depend on (iceberg-v3-write-notes.md sections 3,
-4, 5.1 and 7); `check_table` is run after each scenario as the last line of defence.
+The facts asserted are the ones readers depend on (docs/format.md, after the Iceberg and
+Puffin specs); `check_table` is run after each scenario as the last line of defence.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import struct
 import sys
 import zlib
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import msgspec
 import pyarrow as pa
@@ -38,21 +39,22 @@ from pyspark.sql import types as T
 
 from lakesink_datasource.check import check_table
 from lakesink_datasource.commit.committer import CommitOutcome, abort_write, commit_write
-from lakesink_datasource.commit.data_files import data_file, deletion_vector_file
-from lakesink_datasource.commit.idempotency import EPOCH_ID, QUERY_ID
+from lakesink_datasource.commit.data_files import data_file
+from lakesink_datasource.commit.deletion_vectors import PendingDeletes
 from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
-from lakesink_datasource.deletes.puffin import DVBlobRef, PuffinWriter
-from lakesink_datasource.options import parse_options
-from lakesink_datasource.table import metadata_cache
-from lakesink_datasource.table.plan import WritePlan
-from lakesink_datasource.table.setup import plan_write
-from lakesink_datasource.write.messages import (
+from lakesink_datasource.iceberg.compat import v3_metadata_writes
+from lakesink_datasource.iceberg.partition_key import decode_partition
+from lakesink_datasource.iceberg.summary_keys import EPOCH_ID, QUERY_ID
+from lakesink_datasource.messages import (
     DataFileMessage,
-    DeletionVectorMessage,
     LakeSinkCommitMessage,
     TaskResult,
     decode_messages,
 )
+from lakesink_datasource.options import parse_options
+from lakesink_datasource.table import metadata_cache
+from lakesink_datasource.table.plan import WritePlan
+from lakesink_datasource.table.setup import plan_write
 from lakesink_datasource.write.task import TaskIdentity, write_task
 
 IDENT = "db.t"
@@ -164,7 +166,7 @@ def read_avro(location: str) -> AvroContents:
     return AvroContents({k: v.decode() for k, v in raw_meta.items()}, schema, records)
 
 
-def field_ids(schema: dict[str, Any], record: Optional[str] = None) -> dict[str, int]:
+def field_ids(schema: dict[str, Any], record: str | None = None) -> dict[str, int]:
     """name -> field-id of the top-level record's fields, or of the nested record `record`."""
     if record is not None:
         for f in schema["fields"]:
@@ -196,13 +198,13 @@ def _plan(wh: str, *, fv: int = 3, overwrite: bool = False) -> WritePlan:
     return plan_write(opts, SPARK_SCHEMA, overwrite=overwrite)
 
 
-def _task(plan: WritePlan, ids: range, query_id: Optional[str] = None, batch_id: Optional[int] = None, partition_id: int = 0) -> list[TaskResult]:
+def _task(plan: WritePlan, ids: range, query_id: str | None = None, batch_id: int | None = None, partition_id: int = 0) -> list[TaskResult]:
     msg = write_task(plan, iter([_batch(ids)]), who=TaskIdentity(partition_id=partition_id, batch_id=batch_id, query_id=query_id))
     return decode_messages([msg])
 
 
 def _write(
-    wh: str, ids: range, *, fv: int = 3, overwrite: bool = False, query_id: Optional[str] = None, batch_id: Optional[int] = None
+    wh: str, ids: range, *, fv: int = 3, overwrite: bool = False, query_id: str | None = None, batch_id: int | None = None
 ) -> tuple[WritePlan, list[TaskResult], CommitOutcome]:
     plan = _plan(wh, fv=fv, overwrite=overwrite)
     results = _task(plan, ids, query_id, batch_id)
@@ -246,21 +248,22 @@ def _duckdb_lineage(table: Table) -> list[tuple[str, int, int, int, int]]:
 
 
 def _commit_delta(
-    wh: str, delta: RowDelta, extra: Optional[dict[str, str]] = None, producer_class: type[SnapshotProducer] = SnapshotProducer
+    wh: str, delta: RowDelta, extra: dict[str, str] | None = None, producer_class: type[SnapshotProducer] = SnapshotProducer
 ) -> Snapshot:
     """Commit a hand-built RowDelta the way commit_write does (CAS on main), single attempt."""
     table = load(wh, IDENT)
     producer = producer_class(table.io, table.metadata, delta)
     snapshot = producer.produce(table.metadata, 0, extra or {})
     parent = table.metadata.current_snapshot()
-    table.catalog.commit_table(
-        table,
-        requirements=(AssertRefSnapshotId(ref="main", snapshot_id=parent.snapshot_id if parent else None),),
-        updates=(
-            AddSnapshotUpdate(snapshot=snapshot),
-            SetSnapshotRefUpdate(ref_name="main", type="branch", snapshot_id=snapshot.snapshot_id),
-        ),
-    )
+    with v3_metadata_writes():  # pyiceberg writes v3 metadata only inside lakesink's scope
+        table.catalog.commit_table(
+            table,
+            requirements=(AssertRefSnapshotId(ref="main", snapshot_id=parent.snapshot_id if parent else None),),
+            updates=(
+                AddSnapshotUpdate(snapshot=snapshot),
+                SetSnapshotRefUpdate(ref_name="main", type="branch", snapshot_id=snapshot.snapshot_id),
+            ),
+        )
     return snapshot
 
 
@@ -507,7 +510,7 @@ _COMMIT_IN_CHILD = """
 import sys, msgspec
 from lakesink_datasource.commit.committer import commit_write
 from lakesink_datasource.table.plan import WritePlan
-from lakesink_datasource.write.messages import LakeSinkCommitMessage
+from lakesink_datasource.messages import LakeSinkCommitMessage
 plan = msgspec.json.decode(open(sys.argv[1], 'rb').read(), type=WritePlan)
 results = [LakeSinkCommitMessage(open(sys.argv[2], 'rb').read()).result()]
 assert commit_write(plan, results, None).snapshot_id is not None
@@ -634,17 +637,23 @@ def _largest_file(results: list[TaskResult]) -> DataFileMessage:
     return max(results[0].data_files, key=lambda f: f.record_count)
 
 
-def _write_dv(table: Table, target: DataFileMessage, positions: list[int], name: str) -> tuple[DeletionVectorMessage, DVBlobRef]:
-    writer = PuffinWriter()
-    ref = writer.add_deletion_vector(target.path, BitMap64(positions))
-    data = writer.finish()
-    path = f"{table.metadata.location}/data/{name}.puffin"
-    Path(_local(path)).write_bytes(data)
-    msg = DeletionVectorMessage(
-        puffin_path=path, puffin_size_in_bytes=len(data), referenced_data_file=target.path, spec_id=target.spec_id,
-        partition=target.partition, cardinality=ref.cardinality, content_offset=ref.offset, content_size_in_bytes=ref.length,
-    )
-    return msg, ref
+def _hide(
+    warehouse: str, target: DataFileMessage, positions: list[int], producer_class: type[SnapshotProducer] = SnapshotProducer
+) -> Snapshot:
+    """Commit a RowDelta hiding `positions` of `target`, as a keyed batch's commit does."""
+    table = load(warehouse, IDENT)
+    spec = table.metadata.specs()[target.spec_id]
+    partition = decode_partition(spec, table.schema(), target.partition)
+    pending = {target.path: PendingDeletes(target.spec_id, partition, BitMap64(positions))}
+    return _commit_delta(warehouse, RowDelta(position_deletes=pending), producer_class=producer_class)
+
+
+def _puffin_blobs(path: str) -> tuple[int, list[dict[str, Any]]]:
+    """(file size, blob metadata of the footer), parsed here from the Puffin layout itself."""
+    data = Path(_local(path)).read_bytes()
+    assert data[:4] == data[-4:] == b"PFA1"
+    (size,) = struct.unpack("<i", data[-12:-8])
+    return len(data), json.loads(data[-12 - size : -12])["blobs"]
 
 
 def _ids_at(target: DataFileMessage, positions: list[int]) -> set[int]:
@@ -667,14 +676,17 @@ def test_deletion_vector_commit_and_replacement(warehouse: str) -> None:
     )
 
     # --- first DV: positions 0 and 2 ---
-    msg1, ref1 = _write_dv(table, target, [0, 2], "dv-1")
-    snap1 = _commit_delta(warehouse, RowDelta(added_delete_files=[deletion_vector_file(msg1, table.metadata)]))
+    snap1 = _hide(warehouse, target, [0, 2])
     table = load(warehouse, IDENT)
+    (dm1,) = _delete_manifests(snap1)
+    (entry,) = read_avro(dm1["manifest_path"]).records
+    f = entry["data_file"]
+    puffin_size, (blob1,) = _puffin_blobs(f["file_path"])
     s = snap1.summary
     assert s is not None and s.operation.value == "delete"
     assert (s["added-dvs"], s["added-delete-files"], s["added-position-deletes"]) == ("1", "1", "2")
     assert (s["total-delete-files"], s["total-position-deletes"], s["total-records"]) == ("1", "2", "40")
-    assert s["added-files-size"] == str(ref1.length)  # Java counts a DV by its blob size
+    assert s["added-files-size"] == str(blob1["length"])  # Java counts a DV by its blob size
     assert "added-records" not in s.additional_properties
     # Row lineage: a DV-only commit reuses the data manifests and adds no row ids.
     assert snap1.first_row_id == 40 and snap1.added_rows == 0
@@ -682,19 +694,18 @@ def test_deletion_vector_commit_and_replacement(warehouse: str) -> None:
 
     mlist = read_avro(snap1.manifest_list).records
     assert sorted(m["manifest_path"] for m in mlist if m["content"] == 0) == sorted(data_manifests)
-    (dm1,) = _delete_manifests(snap1)
     assert dm1["first_row_id"] is None  # row ids are for data manifests only
     assert dm1["added_files_count"] == 1 and dm1["added_rows_count"] == 2  # DV cardinality
     assert dm1["sequence_number"] == snap1.sequence_number
     manifest = read_avro(dm1["manifest_path"])
     assert manifest.meta["content"] == "deletes" and manifest.meta["format-version"] == "3"
-    (entry,) = manifest.records
-    f = entry["data_file"]
     assert entry["status"] == 1 and entry["sequence_number"] is None and entry["file_sequence_number"] is None
     assert f["content"] == 1 and f["file_format"] == "PUFFIN"
     assert f["referenced_data_file"] == target.path
-    assert (f["content_offset"], f["content_size_in_bytes"]) == (ref1.offset, ref1.length)
-    assert f["record_count"] == 2 and f["file_size_in_bytes"] == msg1.puffin_size_in_bytes
+    # The manifest entry and the Puffin footer agree (readers trust one or the other).
+    assert (f["content_offset"], f["content_size_in_bytes"]) == (blob1["offset"], blob1["length"])
+    assert blob1["properties"] == {"referenced-data-file": target.path, "cardinality": "2"}
+    assert f["record_count"] == 2 and f["file_size_in_bytes"] == puffin_size
     assert f["first_row_id"] is None and f["lower_bounds"] is None and f["sort_order_id"] is None
     assert f["partition"] == target_entry["data_file"]["partition"]  # the data file's partition tuple
 
@@ -707,8 +718,7 @@ def test_deletion_vector_commit_and_replacement(warehouse: str) -> None:
 
     # --- second DV for the same file: old positions merged with a new one ---
     last = target.record_count - 1
-    msg2, ref2 = _write_dv(table, target, [0, 2, last], "dv-2")
-    snap2 = _commit_delta(warehouse, RowDelta(added_delete_files=[deletion_vector_file(msg2, table.metadata)]))
+    snap2 = _hide(warehouse, target, [last])  # merged with the live DV: {0, 2, last}
     table = load(warehouse, IDENT)
     s = snap2.summary
     assert s is not None and s.operation.value == "delete"
@@ -719,15 +729,16 @@ def test_deletion_vector_commit_and_replacement(warehouse: str) -> None:
     entries = [(m, e) for m in _delete_manifests(snap2) for e in read_avro(m["manifest_path"]).records]
     added = [e for _, e in entries if e["status"] == 1]
     removed = [(m, e) for m, e in entries if e["status"] == 2]
-    assert [e["data_file"]["file_path"] for e in added] == [msg2.puffin_path]
+    (new,) = added
+    assert new["data_file"]["file_path"] != f["file_path"] and new["data_file"]["record_count"] == 3
     ((rm, old),) = removed
     # The replaced DV is written DELETED by the new snapshot with its original sequence
     # numbers explicit and every DV field copied, so readers and cleanup still find it.
     assert old["snapshot_id"] == snap2.snapshot_id
     assert old["sequence_number"] == old["file_sequence_number"] == snap1.sequence_number
-    assert old["data_file"]["file_path"] == msg1.puffin_path and old["data_file"]["file_format"] == "PUFFIN"
+    assert old["data_file"]["file_path"] == f["file_path"] and old["data_file"]["file_format"] == "PUFFIN"
     assert (old["data_file"]["referenced_data_file"], old["data_file"]["content_offset"], old["data_file"]["content_size_in_bytes"]) == (
-        target.path, ref1.offset, ref1.length,
+        target.path, blob1["offset"], blob1["length"],
     )
     assert old["data_file"]["record_count"] == 2
     assert rm["first_row_id"] is None and rm["deleted_files_count"] == 1 and rm["added_snapshot_id"] == snap2.snapshot_id
@@ -762,12 +773,9 @@ class _NoReplaceProducer(SnapshotProducer):
 def test_check_table_reports_two_live_dvs_for_one_data_file(warehouse: str) -> None:
     _, results, _ = _write(warehouse, range(0, 40))
     target = _largest_file(results)
-    table = load(warehouse, IDENT)
-    msg1, _ = _write_dv(table, target, [0], "dv-a")
-    _commit_delta(warehouse, RowDelta(added_delete_files=[deletion_vector_file(msg1, table.metadata)]))
-    table = load(warehouse, IDENT)
-    msg2, _ = _write_dv(table, target, [0, 1], "dv-b")
-    _commit_delta(warehouse, RowDelta(added_delete_files=[deletion_vector_file(msg2, table.metadata)]), producer_class=_NoReplaceProducer)
+    load(warehouse, IDENT)
+    _hide(warehouse, target, [0])
+    _hide(warehouse, target, [1], producer_class=_NoReplaceProducer)
     violations = check_table(load(warehouse, IDENT))
     assert len(violations) == 1, violations
     assert f"data file {target.path} has 2 live DVs" in violations[0]

@@ -9,9 +9,9 @@ from lakesink_testing import current_snapshot_id
 from pyspark.sql import types as T
 
 from lakesink_datasource.commit.committer import CommitError, commit_write
+from lakesink_datasource.messages import TaskResult, decode_messages
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.table.setup import plan_write
-from lakesink_datasource.write.messages import TaskResult, decode_messages
 from lakesink_datasource.write.task import TaskIdentity, write_task
 
 SCHEMA = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.StringType())])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from decimal import Decimal
-from typing import Any, Optional
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -42,7 +42,8 @@ from pyiceberg.types import (
 from pyiceberg.utils.datetime import date_to_days, datetime_to_micros
 from pyiceberg.utils.decimal import decimal_to_bytes
 
-from lakesink_datasource.io.partitioning import PartitionKey, PartitionSplitter, decode_partition, partition_path
+from lakesink_datasource.iceberg.partition_key import PartitionKey, decode_partition, partition_path
+from lakesink_datasource.io.partitioning import PartitionSplitter
 
 SCHEMA = Schema(
     NestedField(1, "row_id", LongType(), required=True),
@@ -265,5 +266,5 @@ def test_decode_partition_and_path() -> None:
         decode_partition(spec, SCHEMA, key[:2])
 
 
-def _int(value: Optional[int]) -> PartitionKey:
+def _int(value: int | None) -> PartitionKey:
     return (None if value is None else to_bytes(IntegerType(), value),)

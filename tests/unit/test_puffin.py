@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyroaring import BitMap64
 
-from lakesink_datasource.deletes.deletion_vector import MAX_POSITION, InvalidDeletionVector, encode_dv
-from lakesink_datasource.deletes.puffin import (
+from lakesink_datasource.iceberg.deletion_vector import MAX_POSITION, InvalidDeletionVector, encode_dv
+from lakesink_datasource.iceberg.puffin import (
     DEFAULT_CREATED_BY,
     BlobMetadata,
     DVBlobRef,
@@ -328,7 +328,7 @@ def _dv_file(properties: str, blob: bytes, codec: str = "") -> bytes:
 
 def test_rejects_dv_cardinality_property_mismatch() -> None:
     data = _dv_file('{"referenced-data-file":"f","cardinality":"3"}', encode_dv(BitMap64([1, 2])))
-    with pytest.raises(InvalidDeletionVector, match="'f'.*cardinality 2 does not match expected 3"):
+    with pytest.raises(InvalidDeletionVector, match=r"'f'.*cardinality 2 does not match expected 3"):
         read_deletion_vectors(data)
 
 
@@ -359,7 +359,7 @@ def test_rejects_compressed_dv_blob() -> None:
 def test_rejects_corrupt_dv_blob_in_file() -> None:
     data, refs = _write_several()
     corrupt = _replace(data, refs[1].offset + 10, b"\xff")
-    with pytest.raises(InvalidDeletionVector, match="b.parquet.*CRC mismatch"):
+    with pytest.raises(InvalidDeletionVector, match=r"b\.parquet.*CRC mismatch"):
         read_deletion_vectors(corrupt)
 
 

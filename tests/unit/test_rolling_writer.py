@@ -7,9 +7,10 @@ import gc
 import math
 import os
 from collections import Counter
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -38,10 +39,11 @@ from pyiceberg.types import (
 )
 from pyiceberg.utils.datetime import date_to_days, datetime_to_micros
 
+from lakesink_datasource.iceberg.partition_key import PartitionKey
 from lakesink_datasource.io.metrics import count_nans, data_file_message
-from lakesink_datasource.io.partitioning import PartitionKey, PartitionSplitter
+from lakesink_datasource.io.partitioning import PartitionSplitter
 from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
-from lakesink_datasource.write.messages import DataFileMessage
+from lakesink_datasource.messages import DataFileMessage
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -186,7 +188,7 @@ def _write_many_partitions(tmp_path: Path, **kwargs: Any) -> tuple[PartitionedPa
 
 
 @pytest.mark.parametrize("max_open_files", [None, 40])
-def test_buffer_limit_bounds_memory_across_300_partitions(tmp_path: Path, max_open_files: Optional[int]) -> None:
+def test_buffer_limit_bounds_memory_across_300_partitions(tmp_path: Path, max_open_files: int | None) -> None:
     limit = 1 * MiB
     writer, batches, largest, max_open = _write_many_partitions(
         tmp_path, buffer_limit_bytes=limit, max_open_files=max_open_files
@@ -471,7 +473,7 @@ def test_count_nans_nested_and_chunked() -> None:
 
 
 @pytest.mark.parametrize("max_open_files", [None, 2])
-def test_placements_name_the_exact_file_and_row_position_of_every_row(tmp_path: Path, max_open_files: Optional[int]) -> None:
+def test_placements_name_the_exact_file_and_row_position_of_every_row(tmp_path: Path, max_open_files: int | None) -> None:
     # Keyed writes record (file, position) for rows still in buffers, so write() must say
     # exactly where each row will land, through rolls, flushes and evictions.
     writer = _writer(tmp_path, target_file_size=48 * KiB, row_group_bytes=16 * KiB, buffer_limit_bytes=40 * KiB, max_open_files=max_open_files)

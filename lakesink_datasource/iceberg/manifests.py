@@ -1,24 +1,25 @@
-"""Manifests and manifest lists for format versions 2 and 3, on pyiceberg's Avro models.
+"""Manifests (data and delete) for format versions 2 and 3, on pyiceberg's Avro models.
 
 pyiceberg 0.12 reads manifests with its v2 record shape (dropping `first_row_id`,
-`referenced_data_file`, `content_offset`, `content_size_in_bytes` and the manifest
-list's `first_row_id`) and cannot write v3 or delete manifests at all. lakesink reads
-and writes every record in the v3 shape; v2 files are the same shape minus trailing
-fields, so one code path serves both versions. Field positions used below are the
-v3 struct positions of pyiceberg 0.12.0 (`DATA_FILE_TYPE[3]`,
-`MANIFEST_LIST_FILE_SCHEMAS[3]`), pinned by `compat.pyiceberg_v3`.
+`referenced_data_file`, `content_offset`, `content_size_in_bytes`) and cannot write v3 or
+delete manifests at all. lakesink reads and writes every record in the v3 shape; v2 files
+are the same shape minus trailing fields, so one code path serves both versions. Field
+positions used below are the v3 struct positions of pyiceberg 0.12.0 (`DATA_FILE_TYPE[3]`,
+`MANIFEST_LIST_FILE_SCHEMAS[3]`), pinned by `iceberg.compat`. docs/format.md lists the
+spec rules these follow.
 """
 
 from __future__ import annotations
 
-from copy import copy
-from typing import Iterable, Optional
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Final, Literal
 
 from pyiceberg.avro.file import AvroFile, AvroOutputFile
 from pyiceberg.io import FileIO, OutputFile
 from pyiceberg.manifest import (
     MANIFEST_ENTRY_SCHEMAS,
-    MANIFEST_LIST_FILE_SCHEMAS,
     UNASSIGNED_SEQ,
     DataFile,
     DataFileContent,
@@ -28,39 +29,38 @@ from pyiceberg.manifest import (
     ManifestEntryStatus,
     ManifestFile,
     ManifestWriter,
-    PartitionFieldSummary,
     construct_partition_summaries,
 )
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 
-AVRO_CODEC = "deflate"  # Java's default for manifests; every Iceberg reader supports it
+AVRO_CODEC: Final = "deflate"  # Java's default for manifests; every Iceberg reader supports it
 
 # v3 positions beyond the 16 slots pyiceberg exposes as properties.
 _DF_FIRST_ROW_ID = 16
 _DF_REFERENCED_DATA_FILE = 17
 _DF_CONTENT_OFFSET = 18
 _DF_CONTENT_SIZE = 19
-_MF_FIRST_ROW_ID = 15
+MF_FIRST_ROW_ID = 15  # the manifest list's first_row_id (field 520)
 
 
-def data_file_first_row_id(data_file: DataFile) -> Optional[int]:
+def data_file_first_row_id(data_file: DataFile) -> int | None:
     return data_file._data[_DF_FIRST_ROW_ID] if len(data_file._data) > _DF_FIRST_ROW_ID else None
 
 
-def set_data_file_first_row_id(data_file: DataFile, value: Optional[int]) -> None:
+def set_data_file_first_row_id(data_file: DataFile, value: int | None) -> None:
     data_file._data[_DF_FIRST_ROW_ID] = value
 
 
-def referenced_data_file(data_file: DataFile) -> Optional[str]:
+def referenced_data_file(data_file: DataFile) -> str | None:
     return data_file._data[_DF_REFERENCED_DATA_FILE] if len(data_file._data) > _DF_REFERENCED_DATA_FILE else None
 
 
-def content_offset(data_file: DataFile) -> Optional[int]:
+def content_offset(data_file: DataFile) -> int | None:
     return data_file._data[_DF_CONTENT_OFFSET] if len(data_file._data) > _DF_CONTENT_OFFSET else None
 
 
-def content_size_in_bytes(data_file: DataFile) -> Optional[int]:
+def content_size_in_bytes(data_file: DataFile) -> int | None:
     return data_file._data[_DF_CONTENT_SIZE] if len(data_file._data) > _DF_CONTENT_SIZE else None
 
 
@@ -69,23 +69,52 @@ def is_deletion_vector(data_file: DataFile) -> bool:
     return data_file.content == DataFileContent.POSITION_DELETES and data_file.file_format == FileFormat.PUFFIN
 
 
-def manifest_first_row_id(manifest: ManifestFile) -> Optional[int]:
-    return manifest._data[_MF_FIRST_ROW_ID] if len(manifest._data) > _MF_FIRST_ROW_ID else None
+def manifest_first_row_id(manifest: ManifestFile) -> int | None:
+    return manifest._data[MF_FIRST_ROW_ID] if len(manifest._data) > MF_FIRST_ROW_ID else None
 
 
-def read_manifest_list(io: FileIO, location: str) -> list[ManifestFile]:
-    with AvroFile[ManifestFile](
-        io.new_input(location),
-        MANIFEST_LIST_FILE_SCHEMAS[3],
-        read_types={-1: ManifestFile, 508: PartitionFieldSummary},
-        read_enums={517: ManifestContent},
-    ) as reader:
-        return list(reader)
+# Parsed entries by manifest. A manifest file never changes once written; what a reader
+# inherits from the manifest list (sequence number, first_row_id, snapshot, spec) is part of
+# the key, so a cached list is exactly what a fresh read would give. Bounded by entries.
+_CACHE_MAX_ENTRIES = 250_000
+_cache: OrderedDict[tuple[object, ...], list[ManifestEntry]] = OrderedDict()
+_cached_entries = 0
+_cache_lock = threading.Lock()
 
 
 def read_entries(io: FileIO, manifest: ManifestFile, *, live_only: bool = True) -> list[ManifestEntry]:
     """Entries with everything inherited made explicit: snapshot id, sequence numbers,
-    spec id and, for data files of a v3 manifest, the inherited `first_row_id`."""
+    spec id and, for data files of a v3 manifest, the inherited `first_row_id`.
+
+    The entries are shared with other callers (a process-wide cache): read them, never
+    change them."""
+    global _cached_entries
+    key = (
+        manifest.manifest_path,
+        manifest.sequence_number,
+        manifest_first_row_id(manifest),
+        manifest.added_snapshot_id,
+        manifest.partition_spec_id,
+    )
+    with _cache_lock:
+        entries = _cache.get(key)
+        if entries is not None:
+            _cache.move_to_end(key)
+    if entries is None:
+        entries = _read_all_entries(io, manifest)
+        with _cache_lock:
+            if key not in _cache:
+                _cache[key] = entries
+                _cached_entries += len(entries)
+                while _cached_entries > _CACHE_MAX_ENTRIES and len(_cache) > 1:
+                    _, dropped = _cache.popitem(last=False)
+                    _cached_entries -= len(dropped)
+    if not live_only:
+        return list(entries)
+    return [e for e in entries if e.status != ManifestEntryStatus.DELETED]
+
+
+def _read_all_entries(io: FileIO, manifest: ManifestFile) -> list[ManifestEntry]:
     with AvroFile[ManifestEntry](
         io.new_input(manifest.manifest_path),
         MANIFEST_ENTRY_SCHEMAS[3],
@@ -93,10 +122,9 @@ def read_entries(io: FileIO, manifest: ManifestFile, *, live_only: bool = True) 
         read_enums={0: ManifestEntryStatus, 101: FileFormat, 134: DataFileContent},
     ) as reader:
         entries = list(reader)
-    next_row_id = manifest_first_row_id(manifest)
-    out = []
+    next_row_id: int | None = manifest_first_row_id(manifest)
     for entry in entries:
-        if entry.snapshot_id is None:
+        if entry.snapshot_id is None and manifest.added_snapshot_id is not None:
             entry.snapshot_id = manifest.added_snapshot_id
         if entry.status == ManifestEntryStatus.ADDED or manifest.sequence_number == 0:
             if entry.sequence_number is None:
@@ -110,13 +138,11 @@ def read_entries(io: FileIO, manifest: ManifestFile, *, live_only: bool = True) 
             next_row_id is not None
             and entry.status != ManifestEntryStatus.DELETED
             and entry.data_file.content == DataFileContent.DATA
+            and data_file_first_row_id(entry.data_file) is None
         ):
-            if data_file_first_row_id(entry.data_file) is None:
-                set_data_file_first_row_id(entry.data_file, next_row_id)
-                next_row_id += entry.data_file.record_count
-        if not live_only or entry.status != ManifestEntryStatus.DELETED:
-            out.append(entry)
-    return out
+            set_data_file_first_row_id(entry.data_file, next_row_id)
+            next_row_id += entry.data_file.record_count
+    return entries
 
 
 class LakeSinkManifestWriter(ManifestWriter):
@@ -134,14 +160,14 @@ class LakeSinkManifestWriter(ManifestWriter):
         if format_version not in (2, 3):
             raise ValueError(f"lakesink writes format versions 2 and 3, not {format_version}")
         super().__init__(spec, schema, output_file, snapshot_id, AVRO_CODEC)
-        self._format_version = format_version
+        self._format_version: Literal[2, 3] = 2 if format_version == 2 else 3
         self._content = content
 
     def content(self) -> ManifestContent:
         return self._content
 
     @property
-    def version(self) -> int:  # type: ignore[override]
+    def version(self) -> Literal[2, 3]:
         return self._format_version
 
     @property
@@ -217,76 +243,3 @@ def write_manifest(
         for entry in deleted:
             writer.delete(entry)
     return writer.to_manifest_file()
-
-
-class ManifestListWriter:
-    """Writes a manifest list and, in v3, assigns `first_row_id` to data manifests.
-
-    Row-lineage rule (spec "Row Lineage"; notes section 4.4): every data manifest without
-    a first_row_id gets the running id, which advances by its added + existing rows;
-    delete manifests stay null. `next_row_id` is the table's next-row-id afterwards.
-    """
-
-    def __init__(
-        self,
-        io: FileIO,
-        location: str,
-        *,
-        format_version: int,
-        snapshot_id: int,
-        parent_snapshot_id: Optional[int],
-        sequence_number: int,
-        first_row_id: Optional[int],
-    ):
-        self._io = io
-        self.location = location
-        self._format_version = format_version
-        self._snapshot_id = snapshot_id
-        self._parent_snapshot_id = parent_snapshot_id
-        self._sequence_number = sequence_number
-        self.first_row_id = first_row_id
-        self.next_row_id = first_row_id
-
-    def _prepare(self, manifest: ManifestFile) -> ManifestFile:
-        m = copy(manifest)
-        m._data = list(manifest._data) + [None] * (16 - len(manifest._data))
-        if m.sequence_number == UNASSIGNED_SEQ:
-            if m.added_snapshot_id != self._snapshot_id:
-                raise ValueError(f"manifest {m.manifest_path} from another snapshot has no sequence number")
-            m.sequence_number = self._sequence_number
-        if m.min_sequence_number == UNASSIGNED_SEQ:
-            m.min_sequence_number = self._sequence_number
-        if self._format_version >= 3 and m.content == ManifestContent.DATA and m._data[_MF_FIRST_ROW_ID] is None:
-            assert self.next_row_id is not None
-            m._data[_MF_FIRST_ROW_ID] = self.next_row_id
-            self.next_row_id += (m.added_rows_count or 0) + (m.existing_rows_count or 0)
-        if m.content == ManifestContent.DELETES:
-            m._data[_MF_FIRST_ROW_ID] = None
-        return m
-
-    def write(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
-        meta = {
-            "snapshot-id": str(self._snapshot_id),
-            "parent-snapshot-id": str(self._parent_snapshot_id) if self._parent_snapshot_id is not None else "null",
-            "sequence-number": str(self._sequence_number),
-            "format-version": str(self._format_version),
-            "avro.codec": AVRO_CODEC,
-        }
-        if self._format_version >= 3:
-            meta["first-row-id"] = str(self.first_row_id)
-        prepared = [self._prepare(m) for m in manifests]
-        with AvroOutputFile[ManifestFile](
-            output_file=self._io.new_output(self.location),
-            record_schema=MANIFEST_LIST_FILE_SCHEMAS[3],
-            file_schema=MANIFEST_LIST_FILE_SCHEMAS[self._format_version],
-            schema_name="manifest_file",
-            metadata=meta,
-        ) as out:
-            out.write_block(prepared)
-        return prepared
-
-    @property
-    def added_rows(self) -> Optional[int]:
-        if self.first_row_id is None or self.next_row_id is None:
-            return None
-        return self.next_row_id - self.first_row_id

@@ -1,4 +1,4 @@
-"""Commit messages: what a task hands the driver's commit, encoded with msgspec.
+"""Executor -> driver messages: what a task hands the driver's commit, encoded with msgspec.
 
 Spark pickles whatever `write()` returns and ships it to a *different* Python process on
 the driver, so everything the commit needs travels here. The payload is msgpack bytes
@@ -8,7 +8,6 @@ the driver, so everything the commit needs travels here. The payload is msgpack 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import msgspec
 from pyspark.sql.datasource import WriterCommitMessage
@@ -16,7 +15,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 # A partition value travels in Iceberg's single-value binary serialization (the same
 # bytes as manifest bounds; None for null), so every partition type round-trips
 # exactly; the commit decodes it with the spec's partition type.
-PartitionValue = Optional[bytes]
+PartitionValue = bytes | None
 
 
 class DataFileMessage(msgspec.Struct, array_like=True, frozen=True):
@@ -47,19 +46,6 @@ class PositionDeletesMessage(msgspec.Struct, array_like=True, frozen=True):
     positions: bytes  # pyroaring BitMap64.serialize()
 
 
-class DeletionVectorMessage(msgspec.Struct, array_like=True, frozen=True):
-    """A deletion vector blob written into a Puffin file (by the commit)."""
-
-    puffin_path: str
-    puffin_size_in_bytes: int
-    referenced_data_file: str
-    spec_id: int
-    partition: tuple[PartitionValue, ...]
-    cardinality: int
-    content_offset: int
-    content_size_in_bytes: int
-
-
 class TaskStats(msgspec.Struct, array_like=True, frozen=True):
     """Per-task figures, summed by the commit into one log line per batch."""
 
@@ -76,12 +62,12 @@ class TaskResult(msgspec.Struct, frozen=True):
     """Everything one task attempt contributes to a batch."""
 
     write_id: str  # the plan's id: the commit process has its own plan, tasks carry theirs
-    query_id: Optional[str]
-    batch_id: Optional[int]
+    query_id: str | None
+    batch_id: int | None
     partition_id: int
     attempt: int
-    planned_metadata_location: Optional[str]
-    planned_snapshot_id: Optional[int]
+    planned_metadata_location: str | None
+    planned_snapshot_id: int | None
     skipped: bool = False  # the batch was already committed: the task wrote nothing
     data_files: list[DataFileMessage] = []
     position_deletes: list[PositionDeletesMessage] = []
@@ -90,7 +76,7 @@ class TaskResult(msgspec.Struct, frozen=True):
     # Keyed writes: sorted unique 64-bit hashes of the keys the task touched, so the commit
     # can refuse a batch whose key reached two hosts (their indexes cannot agree).
     key_hashes: bytes = b""
-    tombstones: Optional[str] = None  # Parquet file of deleted keys with their sequence
+    tombstones: str | None = None  # Parquet file of deleted keys with their sequence
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -102,13 +88,13 @@ class LakeSinkCommitMessage(WriterCommitMessage):
     payload: bytes
 
     @classmethod
-    def of(cls, result: TaskResult) -> "LakeSinkCommitMessage":
+    def of(cls, result: TaskResult) -> LakeSinkCommitMessage:
         return cls(_encoder.encode(result))
 
     def result(self) -> TaskResult:
         return _decoder.decode(self.payload)
 
 
-def decode_messages(messages: list[Optional[WriterCommitMessage]]) -> list[TaskResult]:
+def decode_messages(messages: list[WriterCommitMessage | None]) -> list[TaskResult]:
     """Decode the messages Spark hands to commit/abort (failed tasks arrive as None)."""
     return [m.result() for m in messages if isinstance(m, LakeSinkCommitMessage)]

@@ -18,17 +18,17 @@ from typing import Final
 import msgspec
 from pyroaring import BitMap64
 
-from lakesink_datasource.deletes.deletion_vector import InvalidDeletionVector, decode_dv, encode_dv
+from lakesink_datasource.iceberg.deletion_vector import InvalidDeletionVector, decode_dv, encode_dv
 
 __all__ = [
-    "BlobMetadata",
     "DEFAULT_CREATED_BY",
     "DELETION_VECTOR_V1",
     "DV_FIELD_ID",
+    "PUFFIN_MAGIC",
+    "BlobMetadata",
     "DVBlobRef",
     "FileMetadata",
     "InvalidPuffinFile",
-    "PUFFIN_MAGIC",
     "PuffinWriter",
     "read_blob",
     "read_deletion_vectors",

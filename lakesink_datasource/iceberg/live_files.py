@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntry
 from pyiceberg.table.snapshots import Snapshot
 from pyroaring import BitMap64
 
-from lakesink_datasource.commit.manifests import (
+from lakesink_datasource.iceberg.manifest_list import read_manifest_list
+from lakesink_datasource.iceberg.manifests import (
     content_offset,
     content_size_in_bytes,
     is_deletion_vector,
     read_entries,
-    read_manifest_list,
     referenced_data_file,
 )
-from lakesink_datasource.deletes.puffin import read_blob
+from lakesink_datasource.iceberg.puffin import read_blob
 
 
-def live_entries(io: FileIO, snapshot: Optional[Snapshot], content: ManifestContent) -> list[ManifestEntry]:
+def live_entries(io: FileIO, snapshot: Snapshot | None, content: ManifestContent) -> list[ManifestEntry]:
     if snapshot is None:
         return []
     out: list[ManifestEntry] = []
@@ -30,11 +28,11 @@ def live_entries(io: FileIO, snapshot: Optional[Snapshot], content: ManifestCont
     return out
 
 
-def live_data_files(io: FileIO, snapshot: Optional[Snapshot]) -> list[ManifestEntry]:
+def live_data_files(io: FileIO, snapshot: Snapshot | None) -> list[ManifestEntry]:
     return [e for e in live_entries(io, snapshot, ManifestContent.DATA) if e.data_file.content == DataFileContent.DATA]
 
 
-def live_deletion_vectors(io: FileIO, snapshot: Optional[Snapshot]) -> dict[str, ManifestEntry]:
+def live_deletion_vectors(io: FileIO, snapshot: Snapshot | None) -> dict[str, ManifestEntry]:
     """Live DV entries keyed by the data file they reference (at most one per file)."""
     out: dict[str, ManifestEntry] = {}
     for entry in live_entries(io, snapshot, ManifestContent.DELETES):

@@ -7,12 +7,12 @@ is better absent than wrong).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
 
 from pyiceberg.manifest import DataFile, DataFileContent
 
-from lakesink_datasource.commit.manifests import content_size_in_bytes, is_deletion_vector
+from lakesink_datasource.iceberg.manifests import content_size_in_bytes, is_deletion_vector
 
 
 @dataclass
@@ -96,7 +96,7 @@ _TOTALS = {
 
 def build_summary(
     counts: ChangeCounts,
-    previous: Optional[Mapping[str, str]],
+    previous: Mapping[str, str] | None,
     extra: Mapping[str, str],
 ) -> dict[str, str]:
     """The summary properties (without `operation`), `previous` is the parent's summary

@@ -1,0 +1,22 @@
+"""Snapshot summary keys lakesink writes and reads, in one place.
+
+The streaming keys are the ones Iceberg's own Spark sink uses, so a query can switch sinks
+without replaying batches; the `lakesink.*` keys are lakesink's own bookkeeping.
+"""
+
+from __future__ import annotations
+
+QUERY_ID = "spark.sql.streaming.queryId"
+EPOCH_ID = "spark.sql.streaming.epochId"
+WRITE_ID = "lakesink.write-id"  # unique per planned write: recognises a commit after a lost response
+HOSTS = "lakesink.hosts"  # hosts whose tasks contributed to a keyed batch
+TOMBSTONES = "lakesink.tombstones"  # Parquet files of a batch's sequenced deletes
+ENGINE_NAME = "engine-name"
+ENGINE_VERSION = "engine-version"
+LAKESINK_VERSION = "lakesink-version"
+ROWS_IN = "lakesink.rows-in"
+ROWS_WRITTEN = "lakesink.rows-written"
+ROWS_DELETED = "lakesink.rows-deleted"
+PARTITION_SECONDS = "lakesink.partition-seconds"
+INDEX_SECONDS = "lakesink.index-seconds"
+WRITE_SECONDS = "lakesink.write-seconds"
