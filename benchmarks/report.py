@@ -19,6 +19,17 @@ PHASE_NOTE = (
 )
 
 
+def _is_spark(side: str) -> bool:
+    return side.startswith("spark-parquet")
+
+
+def _spark_peer(sc: dict[str, Any], side: str) -> dict[str, Any]:
+    """Spark's side to compare `side` with: the one with the same suffix (`x (1k)` ->
+    `spark-parquet (1k)`), else the scenario's plain `spark-parquet`."""
+    suffix = side[side.index(" ("):] if " (" in side else ""
+    return sc["sides"].get(f"spark-parquet{suffix}") or sc["sides"].get("spark-parquet", {})
+
+
 def environment(spark) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     import pyarrow
     import pyiceberg
@@ -36,7 +47,7 @@ def environment(spark) -> dict[str, Any]:  # type: ignore[no-untyped-def]
         pass
     try:
         java = spark.sparkContext._jvm.System.getProperty("java.version")
-    except Exception:
+    except Exception:  # noqa: BLE001 - environment details are best effort
         java = "?"
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -142,16 +153,17 @@ def write_markdown(results: dict[str, Any], path: Path, plot_name: str) -> None:
     add("| # | scenario | side | median s | min-max s | rows/s (median) | rows/s per core | lakesink / Spark | peak task-worker RSS MiB |")
     add("|---|---|---|---|---|---|---|---|---|")
     for sc in results["scenarios"]:
-        spark_rate = sc["sides"].get("spark-parquet", {}).get("rows_per_s")
         for name, s in sc["sides"].items():
             if not s.get("ok"):
                 add(f"| {sc['id']} | {sc['key']} | {name} | FAILED | | | | | |")
                 continue
-            ratio = f"{s['rows_per_s'] / spark_rate:.3f}" if name != "spark-parquet" and spark_rate else ""
+            spark_rate = _spark_peer(sc, name).get("rows_per_s")
+            ratio = f"{s['rows_per_s'] / spark_rate:.3f}" if not _is_spark(name) and spark_rate else ""
+            python_side = not _is_spark(name)
             add(
                 f"| {sc['id']} | {sc['key']} | {name} | {s['median_s']:.2f} | {s['min_s']:.2f}-{s['max_s']:.2f} | "
                 f"{s['rows_per_s']:,.0f} | {s['rows_per_s'] / 2:,.0f} | {ratio} | "
-                f"{_num(s.get('peak_task_worker_mb'), '{:,.0f}') if name == 'lakesink' else '-'} |"
+                f"{_num(s.get('peak_task_worker_mb'), '{:,.0f}') if python_side else '-'} |"
             )
     add("")
     add("`spark-parquet` is Spark's built-in Parquet writer (runs in the JVM, no Python worker involved). Ratios are lakesink rows/s over Spark's.")
@@ -162,15 +174,15 @@ def write_markdown(results: dict[str, Any], path: Path, plot_name: str) -> None:
     add("| # | scenario | side | CPU s | rows per CPU-s | lakesink / Spark (CPU basis) | JVM CPU s | task-worker CPU s | other Python CPU s |")
     add("|---|---|---|---|---|---|---|---|---|")
     for sc in results["scenarios"]:
-        spark_cpu = sc["sides"].get("spark-parquet", {}).get("rows_per_cpu_s")
         for name, s in sc["sides"].items():
             if not s.get("ok") or s.get("median_cpu_s") is None:
                 continue
+            spark_cpu = _spark_peer(sc, name).get("rows_per_cpu_s")
             roles_cpu = s.get("cpu_s_by_role_median", {})
             jvm = roles_cpu.get("jvm", 0.0)
             worker = roles_cpu.get("task worker", 0.0)
             other = sum(v for k, v in roles_cpu.items() if k not in ("jvm", "task worker"))
-            ratio = f"{s['rows_per_cpu_s'] / spark_cpu:.3f}" if name != "spark-parquet" and spark_cpu and s.get("rows_per_cpu_s") else ""
+            ratio = f"{s['rows_per_cpu_s'] / spark_cpu:.3f}" if not _is_spark(name) and spark_cpu and s.get("rows_per_cpu_s") else ""
             add(f"| {sc['id']} | {sc['key']} | {name} | {s['median_cpu_s']:.2f} | {_num(s.get('rows_per_cpu_s'))} | {ratio} | "
                 f"{jvm:.2f} | {worker:.2f} | {other:.2f} |")
     add("")
@@ -186,12 +198,12 @@ def write_markdown(results: dict[str, Any], path: Path, plot_name: str) -> None:
     add("| # | scenario | side | files | data MiB | avg file MiB | min-max file MiB | lakesink / Spark bytes | metadata KiB |")
     add("|---|---|---|---|---|---|---|---|---|")
     for sc in results["scenarios"]:
-        spark_bytes = sc["sides"].get("spark-parquet", {}).get("output", {}).get("bytes")
         for name, s in sc["sides"].items():
             o = s.get("output") or {}
             if not o:
                 continue
-            ratio = f"{o['bytes'] / spark_bytes:.3f}" if name != "spark-parquet" and spark_bytes else ""
+            spark_bytes = _spark_peer(sc, name).get("output", {}).get("bytes")
+            ratio = f"{o['bytes'] / spark_bytes:.3f}" if not _is_spark(name) and spark_bytes else ""
             meta = _num(o["metadata_bytes"] / 1024, "{:,.1f}") if o.get("metadata_bytes") is not None else ""
             add(
                 f"| {sc['id']} | {sc['key']} | {name} | {o['files']:,} | {_mb(o['bytes'])} | {o['avg_file_bytes'] / 2**20:,.2f} | "
@@ -333,7 +345,7 @@ def write_plot(results: dict[str, Any], path: Path) -> None:
     ax.set_title(f"Write throughput, {results['config']['rows']:,} rows, local[2] ({mode} run)", fontsize=10)
     ax.legend(fontsize=8)
 
-    rss = [sc["sides"].get("lakesink", {}).get("peak_task_worker_mb") or 0 for sc in scenarios]
+    rss = [max((s.get("peak_task_worker_mb") or 0 for n, s in sc["sides"].items() if n.startswith("lakesink")), default=0) for sc in scenarios]
     bars = ax2.bar(labels, rss, color=colors["lakesink"])
     ax2.bar_label(bars, fmt="%.0f", fontsize=8, padding=2)
     ax2.set_ylabel("MiB")

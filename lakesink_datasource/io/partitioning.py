@@ -56,22 +56,30 @@ class PartitionSplitter:
     def split(self, batch: pa.RecordBatch | pa.Table) -> list[tuple[PartitionKey, pa.Table]]:
         """Group rows by partition; rows keep their input order inside each group.
 
-        Groups come back in order of their first row in the batch (deterministic output).
+        Groups come back in order of their first row in the batch (deterministic output), as
+        zero-copy slices of one grouped table.
         """
+        grouped, groups = self.split_grouped(batch)
+        if len(groups) == 1:
+            return [(groups[0][0], grouped)]  # the input itself, untouched
+        return [(key, grouped.slice(start, rows)) for key, start, rows in groups]
+
+    def split_grouped(self, batch: pa.RecordBatch | pa.Table) -> tuple[pa.Table, list[tuple[PartitionKey, int, int]]]:
+        """The rows reordered so each partition's rows are contiguous (input order kept inside
+        a partition), and each partition's (key, first row, rows) in that table. One `take`,
+        no per-partition tables: the writer keeps the grouped table once."""
         table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-        if not self._plans:
-            return [((), table)]
         if table.num_rows == 0:
-            return []
+            return table, []
+        if not self._plans:
+            return table, [((), 0, table.num_rows)]
         if self._all_void:
-            return [((None,) * len(self._plans), table)]
-        groups = self._group(table)
-        if len(groups[0]) == 1:
-            return [(groups[0][0], table)]
-        keys, order, starts, counts = groups
-        # One take, then zero-copy slices.
+            return table, [((None,) * len(self._plans), 0, table.num_rows)]
+        keys, order, starts, counts = self._group(table)
+        if len(keys) == 1:
+            return table, [(keys[0], 0, table.num_rows)]
         grouped = table.take(pa.array(order))
-        return [(key, grouped.slice(int(s), int(c))) for key, s, c in zip(keys, starts, counts)]
+        return grouped, [(key, int(s), int(c)) for key, s, c in zip(keys, starts, counts)]
 
     def split_rows(self, batch: pa.RecordBatch | pa.Table) -> list[tuple[PartitionKey, np.ndarray]]:
         """Like split(), but each group is the row indices (int64, input order) of its rows:

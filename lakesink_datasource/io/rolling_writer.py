@@ -1,16 +1,23 @@
 """Rolling, partitioned Parquet writer: buffers per partition, writes large row groups.
 
-Incoming tables are small (one Arrow batch split across partitions), so writing each as a
-row group would produce thousands of tiny row groups. Instead every partition buffers its
-tables and writes them as one row group once the buffer reaches `row_group_bytes`. The sum
-of all buffers is capped by `buffer_limit_bytes`: past it, the largest buffers are written
-out until the total is under half the limit, which bounds memory when a batch touches many
-partitions (at most the limit plus one incoming table is ever buffered).
+Incoming tables are small per partition (one chunk of input split across partitions), so
+writing each as a row group would produce thousands of tiny row groups. Instead every
+partition buffers its rows and writes them as one row group once it holds `row_group_bytes`.
 
-Every open file also costs memory of its own (pyiceberg's PyArrowFileIO gives each output
-stream a 1 MiB buffer; object-store streams buffer whole upload parts), so
-`max_open_files` optionally caps how many stay open: opening one more closes the least
-recently written file early, trading smaller files for bounded memory.
+Buffering is by *segment*: each table handed in (for the plain path, a whole chunk already
+grouped by partition) is kept once, and partitions hold row ranges of it. A thousand-way
+split therefore costs one Arrow table, not a thousand small copies, each with its own
+Python and C++ objects (at 10,000 partitions those objects, not the data, had taken most of
+a gigabyte). A segment's memory is freed when the last partition holding rows of it has
+written them. The live segments are capped by `buffer_limit_bytes`: past it, the partitions
+holding rows of the oldest segments are written out until the total is under half the
+limit, so at most the limit plus one incoming table is ever buffered.
+
+Every open file costs memory of its own: its output stream's buffer (opened small here,
+`STREAM_BUFFER_BYTES`; pyiceberg's default of 1 MiB per stream had made 100 open files
+about 120 MB) and the Parquet writer's state. `max_open_files` caps how many stay open:
+opening one more closes the least recently written file early, trading smaller files for
+bounded memory. `held_bytes` counts both the buffered segments and the open files.
 
 Files roll at `target_file_size` (measured by the output stream position). Because a row
 group's compressed size is only known after writing it, the writer estimates the file's
@@ -41,14 +48,20 @@ logger = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 
+# Output streams are opened with this buffer. Parquet hands the stream whole pages (about a
+# MiB each), so a small buffer costs no throughput and keeps each open file cheap.
+STREAM_BUFFER_BYTES = 64 * 1024
+# What one open file holds besides its stream buffer (the Parquet writer's state, measured at
+# about 45 KiB for a few columns): counted in `held_bytes`.
+_OPEN_FILE_STATE_BYTES = 64 * 1024
 # A file whose remaining room is below this fraction of the target is closed rather than
 # topped up with a sliver of a row group (estimates rarely land exactly on the target).
 _TAIL_FRACTION = 0.125
 # Before any file has been written, assume Parquet is as large as Arrow: the first row group
 # then cannot overshoot the target, and later ones use the observed ratio.
 _INITIAL_RATIO = 1.0
-# A buffered slice that pins more than this many times its own bytes (e.g. a small group of
-# a large split batch) is copied, so buffering it does not keep the whole batch alive.
+# A table handed to write() that pins more than this many times its own bytes (e.g. a small
+# slice of a large batch) is copied, so buffering it does not keep the whole batch alive.
 _PINNED_SLACK = 2
 
 
@@ -77,11 +90,21 @@ class _OpenFile:
         return self.position / self.arrow_bytes if self.arrow_bytes else None
 
 
+@dataclass(eq=False)
+class _Segment:
+    """One buffered table; partitions hold row ranges of it until they write them."""
+
+    table: pa.Table
+    nbytes: int
+    bytes_per_row: float
+    holders: set[PartitionKey] = field(default_factory=set)  # partitions with unwritten rows in it
+
+
 @dataclass
 class _Partition:
     key: PartitionKey
-    buffers: list[pa.Table] = field(default_factory=list)
-    buffered_bytes: int = 0
+    pieces: list[tuple[_Segment, int, int]] = field(default_factory=list)  # (segment, first row, rows)
+    buffered_bytes: float = 0.0  # its share of the segments' bytes (rows x bytes per row)
     file_index: int = 0  # number of the file rows are currently assigned to
     assigned_rows: int = 0  # rows assigned to that file (written + buffered)
     path: str | None = None  # that file's location, named once per file
@@ -102,10 +125,10 @@ class Placement:
 class PartitionedParquetWriter:
     """Writes partitioned Arrow tables to rolling Parquet files and describes them.
 
-    Rows get their final (file, position) when they are handed to write(), not when they are
+    Rows get their final (file, position) when they are handed in, not when they are
     flushed: keyed writes record those locations in the key index and in deletion vectors
-    while the rows are still buffered. File rolling is therefore decided at write() time from
-    the estimated size of what is assigned to the current file.
+    while the rows are still buffered. File rolling is therefore decided when rows arrive,
+    from the estimated size of what is assigned to the current file.
     """
 
     def __init__(
@@ -121,6 +144,7 @@ class PartitionedParquetWriter:
         row_group_bytes: int = 64 * MiB,
         buffer_limit_bytes: int = 256 * MiB,
         compression: str = "zstd",
+        compression_level: int | None = None,
         max_open_files: int | None = None,
     ) -> None:
         if min(target_file_size, row_group_bytes, buffer_limit_bytes) <= 0:
@@ -137,13 +161,17 @@ class PartitionedParquetWriter:
         self._row_group_bytes = row_group_bytes
         self._buffer_limit = buffer_limit_bytes
         self._compression = compression
+        self._compression_level = compression_level
         self._max_open_files = max_open_files
 
         self._partitions: dict[PartitionKey, _Partition] = {}
         # Partitions with an open file, least recently written first (for max_open_files).
         self._open: OrderedDict[PartitionKey, None] = OrderedDict()
+        # Segments with unwritten rows, oldest first; their bytes are what is buffered.
+        self._segments: OrderedDict[int, _Segment] = OrderedDict()
         self._buffered_bytes = 0
         self.peak_buffered_bytes = 0  # high-water mark of buffered Arrow bytes, for tests/metrics
+        self.peak_held_bytes = 0  # the same, with the open files' own memory counted
         self._ratio_hint = _INITIAL_RATIO  # last observed compression ratio, seeds new files
         self._paths: list[str] = []  # every file created, for abort()
         self._messages: list[DataFileMessage] = []
@@ -165,8 +193,15 @@ class PartitionedParquetWriter:
         return self._buffered_bytes
 
     @property
+    def held_bytes(self) -> int:
+        """Buffered rows plus what the open files hold (stream buffers, writer state)."""
+        return self._buffered_bytes + len(self._open) * (STREAM_BUFFER_BYTES + _OPEN_FILE_STATE_BYTES)
+
+    @property
     def open_files(self) -> int:
         return len(self._open)
+
+    # -- handing rows in ------------------------------------------------------------------
 
     def write(self, key: PartitionKey, table: pa.Table, flush: bool = True) -> list[Placement]:
         """Assign rows of one partition to files and buffer them; returns where they land.
@@ -175,44 +210,83 @@ class PartitionedParquetWriter:
         keyed write assigns rows while holding the host's index lock and encodes Parquet
         after releasing it.
         """
-        if self._done:
-            raise RuntimeError("writer is closed")
+        self._check_open()
         if table.num_rows == 0:
             return []
-        if not table.schema.equals(self._arrow_schema):
-            table = table.cast(self._arrow_schema)
-        table = _unpin(table)
-        part = self._partitions.get(key)
-        if part is None:
-            part = self._partitions[key] = _Partition(key)
-        placements = []
-        bytes_per_row = max(table.nbytes / table.num_rows, 1e-9)
-        offset = 0
-        while offset < table.num_rows:
-            room = self._room(part, bytes_per_row)
-            if room <= 0 and part.buffers:
-                # The estimate says full, but buffered rows are only an estimate: write them
-                # and decide from the real file size (at most one extra row group per file).
-                self._flush(part)
-                room = self._room(part, bytes_per_row)
-            if room <= 0:
-                self._roll(part)
-                continue
-            take = min(room, table.num_rows - offset)
-            chunk = table if take == table.num_rows else table.slice(offset, take)
-            placements.append(Placement(self._current_path(part), part.assigned_rows, offset, take))
-            part.assigned_rows += take
-            self._buffer(part, chunk, flush)
-            offset += take
+        segment = self._segment(_unpin(self._conform(table)))
+        placements = self._assign(key, segment, 0, table.num_rows)
+        self._after_buffering(flush)
         return placements
+
+    def write_groups(self, table: pa.Table, groups: list[tuple[PartitionKey, int, int]]) -> None:
+        """Buffer a table whose rows are grouped by partition: `groups` lists each partition's
+        (key, first row, rows). The table is kept once; partitions hold ranges of it."""
+        self._check_open()
+        if table.num_rows == 0:
+            return
+        segment = self._segment(self._conform(table))
+        for key, start, rows in groups:
+            if rows:
+                self._assign(key, segment, start, rows)
+        self._after_buffering(flush=True)
 
     def flush_pending(self) -> None:
         """Do the row-group writes that write(..., flush=False) deferred."""
         for part in list(self._partitions.values()):
             if part.buffered_bytes >= self._row_group_bytes:
                 self._flush(part)
-        if self._buffered_bytes > self._buffer_limit:
-            self._relieve_memory_pressure()
+        self._relieve_memory_pressure()
+
+    def _check_open(self) -> None:
+        if self._done:
+            raise RuntimeError("writer is closed")
+
+    def _conform(self, table: pa.Table) -> pa.Table:
+        return table if table.schema.equals(self._arrow_schema) else table.cast(self._arrow_schema)
+
+    def _segment(self, table: pa.Table) -> _Segment:
+        segment = _Segment(table, table.nbytes, max(table.nbytes / table.num_rows, 1e-9))
+        self._segments[id(segment)] = segment
+        self._buffered_bytes += segment.nbytes
+        self.peak_buffered_bytes = max(self.peak_buffered_bytes, self._buffered_bytes)
+        self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)
+        return segment
+
+    def _assign(self, key: PartitionKey, segment: _Segment, start: int, rows: int) -> list[Placement]:
+        """Give rows [start, start+rows) of `segment` to partition `key`, rolling files at the
+        target size; the rows stay buffered."""
+        part = self._partitions.get(key)
+        if part is None:
+            part = self._partitions[key] = _Partition(key)
+        placements = []
+        offset = 0
+        while offset < rows:
+            room = self._room(part, segment.bytes_per_row)
+            if room <= 0 and part.pieces:
+                # The estimate says full, but buffered rows are only an estimate: write them
+                # and decide from the real file size (at most one extra row group per file).
+                self._flush(part)
+                room = self._room(part, segment.bytes_per_row)
+            if room <= 0:
+                self._roll(part)
+                continue
+            take = min(room, rows - offset)
+            placements.append(Placement(self._current_path(part), part.assigned_rows, offset, take))
+            part.assigned_rows += take
+            part.pieces.append((segment, start + offset, take))
+            part.buffered_bytes += take * segment.bytes_per_row
+            segment.holders.add(key)
+            offset += take
+        return placements
+
+    def _after_buffering(self, flush: bool) -> None:
+        if not flush:
+            return
+        for part in list(self._partitions.values()):
+            if part.buffered_bytes >= self._row_group_bytes:
+                self._flush(part)
+        self._relieve_memory_pressure()
+        self._release_unheld()
 
     def _room(self, part: _Partition, bytes_per_row: float) -> int:
         """Rows that still fit the current file, from the compression ratio seen so far.
@@ -233,19 +307,6 @@ class PartitionedParquetWriter:
             part.path = self._path_for(part.key, part.file_index)
         return part.path
 
-    def _buffer(self, part: _Partition, table: pa.Table, flush: bool = True) -> None:
-        nbytes = table.nbytes
-        part.buffers.append(table)
-        part.buffered_bytes += nbytes
-        self._buffered_bytes += nbytes
-        self.peak_buffered_bytes = max(self.peak_buffered_bytes, self._buffered_bytes)
-        if not flush:
-            return
-        if part.buffered_bytes >= self._row_group_bytes:
-            self._flush(part)
-        if self._buffered_bytes > self._buffer_limit:
-            self._relieve_memory_pressure()
-
     def _roll(self, part: _Partition) -> None:
         """Finish the partition's current file; later rows go to the next one."""
         self._flush(part)
@@ -254,6 +315,8 @@ class PartitionedParquetWriter:
         part.file_index += 1
         part.assigned_rows = 0
         part.path = None
+
+    # -- finishing ------------------------------------------------------------------------
 
     def close(self) -> list[DataFileMessage]:
         """Write every buffer, close every file and return one message per file."""
@@ -264,6 +327,7 @@ class PartitionedParquetWriter:
             if part.file is not None:
                 self._close_file(part)
         self._done = True
+        self._segments.clear()
         return list(self._messages)
 
     def abort(self) -> list[str]:
@@ -273,43 +337,64 @@ class PartitionedParquetWriter:
         """
         self._done = True
         for part in self._partitions.values():
-            part.buffers.clear()
+            part.pieces.clear()
             part.buffered_bytes = 0
             if part.file is not None:
                 _close_quietly(part.file)
                 part.file = None
         self._open.clear()
+        self._segments.clear()
         self._buffered_bytes = 0
         for path in self._paths:
             try:
                 self._io.delete(path)
             except FileNotFoundError:
                 pass
-            except Exception:
+            except Exception:  # abort must go on deleting the rest (logged with the traceback)
                 logger.warning("could not delete %s while aborting", path, exc_info=True)
         self._messages.clear()
         return list(self._paths)
 
+    # -- writing row groups ---------------------------------------------------------------
+
     def _relieve_memory_pressure(self) -> None:
-        """Write the largest buffers until the total is under half the limit.
+        """Past the limit, write out the partitions holding rows of the oldest segments
+        until the buffered total is under half the limit.
 
         Going down to half (not just under the limit) means the next writes do not trigger
-        another round of small row groups straight away.
+        another round of small row groups straight away; oldest first frees whole segments.
         """
+        if self._buffered_bytes <= self._buffer_limit:
+            return
         goal = self._buffer_limit // 2
-        by_size = sorted(self._partitions.values(), key=lambda p: p.buffered_bytes, reverse=True)
-        for part in by_size:
-            if self._buffered_bytes <= goal or part.buffered_bytes == 0:
-                break
-            self._flush(part)
+        while self._buffered_bytes > goal and self._segments:
+            oldest = next(iter(self._segments.values()))
+            if not oldest.holders:
+                self._drop_segment(oldest)
+                continue
+            for key in list(oldest.holders):
+                self._flush(self._partitions[key])
+
+    def _release_unheld(self) -> None:
+        """Forget segments no partition holds rows of any more (all written)."""
+        for segment in [s for s in self._segments.values() if not s.holders]:
+            self._drop_segment(segment)
+
+    def _drop_segment(self, segment: _Segment) -> None:
+        if self._segments.pop(id(segment), None) is not None:
+            self._buffered_bytes -= segment.nbytes
 
     def _flush(self, part: _Partition) -> None:
-        """Write a partition's buffer into its current file as row groups."""
-        if not part.buffers:
+        """Write a partition's buffered rows into its current file as row groups."""
+        if not part.pieces:
             return
-        table = pa.concat_tables(part.buffers)
-        self._buffered_bytes -= part.buffered_bytes
-        part.buffers, part.buffered_bytes = [], 0
+        pieces, part.pieces, part.buffered_bytes = part.pieces, [], 0.0
+        slices = [segment.table.slice(start, rows) for segment, start, rows in pieces]
+        table = slices[0] if len(slices) == 1 else pa.concat_tables(slices)
+        for segment, _, _ in pieces:
+            segment.holders.discard(part.key)
+            if not segment.holders:
+                self._drop_segment(segment)
         file = part.file if part.file is not None else self._open_file(part)
         rows = table.num_rows
         # Normally one row group; an oversized buffer (one huge input table) becomes several
@@ -342,6 +427,7 @@ class PartitionedParquetWriter:
                 stream,
                 self._arrow_schema,
                 compression=self._compression,
+                compression_level=self._compression_level,
                 write_statistics=True,
                 # Iceberg's Parquet mapping stores decimal(P<=18) as INT32/INT64, as Java does.
                 store_decimal_as_integer=True,
@@ -351,6 +437,7 @@ class PartitionedParquetWriter:
             raise
         part.file = _OpenFile(path=path, stream=stream, writer=writer)
         self._open[part.key] = None
+        self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)
         return part.file
 
     def _close_file(self, part: _Partition) -> None:
@@ -390,5 +477,5 @@ def _close_quietly(file: _OpenFile) -> None:
     for close in (file.writer.close, file.stream.close):
         try:
             close()
-        except Exception:
+        except Exception:  # best effort during abort (logged with the traceback)
             logger.debug("ignoring error while closing %s", file.path, exc_info=True)

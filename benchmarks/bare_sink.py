@@ -1,0 +1,67 @@
+"""The floor for a Python sink: a data source that writes Spark's Arrow batches to Parquet with
+pyarrow and does nothing else (no table, no metadata, no commit).
+
+Registered as format `bare_parquet` by the benchmarks. Each task gathers batches into row
+groups of about ROW_GROUP_ROWS rows and writes one zstd Parquet file under the `path` option,
+so it measures what Spark's transfer to a Python worker plus Parquet encoding cost, which is
+the limit any Python sink (lakesink included) runs against.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+ROW_GROUP_ROWS = 1_000_000
+
+
+class BareParquetSink(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "bare_parquet"
+
+    def writer(self, schema: StructType, overwrite: bool) -> BareParquetWriter:
+        return BareParquetWriter(self.options["path"])
+
+
+class BareParquetWriter(DataSourceArrowWriter):
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        os.makedirs(self.path, exist_ok=True)
+        writer: pq.ParquetWriter | None = None
+        pending: list[pa.RecordBatch] = []
+        rows = 0
+        location = os.path.join(self.path, f"{uuid.uuid4().hex}.parquet")
+
+        def flush() -> None:
+            nonlocal writer, pending, rows
+            table = pa.Table.from_batches(pending)
+            if writer is None:
+                writer = pq.ParquetWriter(location, table.schema, compression="zstd")
+            writer.write_table(table, row_group_size=table.num_rows)
+            pending, rows = [], 0
+
+        for batch in iterator:
+            pending.append(batch)
+            rows += batch.num_rows
+            if rows >= ROW_GROUP_ROWS:
+                flush()
+        if pending:
+            flush()
+        if writer is not None:
+            writer.close()
+        return WriterCommitMessage()
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass
