@@ -103,14 +103,14 @@ def _spark_profilers(spark, df, workdir: Path) -> dict[str, str]:  # type: ignor
             with contextlib.redirect_stdout(buf):
                 try:
                     spark.profile.show(type=kind)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - profiling is best effort
                     print(f"error: {exc}")
             out[f"spark.profile.show(type={kind!r}) with spark.sql.pyspark.udf.profiler=perf"] = buf.getvalue().strip()
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
             try:
                 spark.sparkContext.show_profiles()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - profiling is best effort
                 print(f"error: {exc}")
         out["sc.show_profiles() with spark.python.profile=true"] = buf.getvalue().strip()
     finally:

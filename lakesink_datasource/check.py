@@ -155,7 +155,7 @@ class _Checker:
     def _check_current(self, snapshot: Snapshot) -> None:
         try:
             manifests = read_manifest_list(self.io, snapshot.manifest_list)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - report, don't crash, on unreadable metadata
             self.fail(f"snapshot {snapshot.snapshot_id}: cannot read manifest list {snapshot.manifest_list}: {exc}")
             return
         live_data: list[_Live] = []
@@ -165,7 +165,7 @@ class _Checker:
             self._check_manifest_header(manifest, snapshot, where)
             try:
                 entries = read_entries(self.io, manifest, live_only=False)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - report, don't crash, on unreadable metadata
                 self.fail(f"{where}: cannot read: {exc}")
                 continue
             self._check_entries(manifest, entries, where)
@@ -334,7 +334,7 @@ class _Checker:
                 self.fail(f"{name}: data sequence number {seq_dv} is older than the data file's {seq_data}, so it applies to nothing")
         try:
             blob_file = self._read_puffin(f.file_path)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - report, don't crash, on an unreadable Puffin file
             self.fail(f"{name}: cannot read Puffin file: {exc}")
             return
         if f.file_size_in_bytes != len(blob_file):
@@ -437,7 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     try:
         table = _load_table(args)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a CLI reports, it does not dump a traceback
         print(f"cannot load table {args.table}: {exc}", file=sys.stderr)
         return 2
     try:

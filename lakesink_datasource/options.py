@@ -2,19 +2,25 @@
 
 Spark hands options as a case-insensitive string map. Every name is snake_case and
 matched case-insensitively; an unknown name is an error (a typo must not silently
-fall back to a default), named in the message together with the valid names.
+fall back to a default), named in the message with the closest valid name.
+`property.<key>` sets Iceberg table property `<key>` (checked like the table's own);
+`catalog.<key>` passes `<key>` to the catalog.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 
 import msgspec
 
+from lakesink_datasource.iceberg.properties import PropertyError
+from lakesink_datasource.iceberg.properties import validate as validate_properties
+
 OPERATIONS = ("append", "upsert", "cdc", "dedupe")
 KEYED_OPERATIONS = ("upsert", "cdc", "dedupe")
-DEFAULT_TARGET_FILE_SIZE = 512 * 1024 * 1024  # Iceberg's write.target-file-size-bytes default
+MAINTENANCE_MODES = ("auto", "off")
 DEFAULT_WAREHOUSE = "./lakesink-warehouse"
 
 
@@ -28,8 +34,10 @@ class WriteOptions(msgspec.Struct, frozen=True, kw_only=True):
     catalog: str | None = None
     catalog_properties: dict[str, str] = {}
     partition_by: str | None = None
-    target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE
+    target_file_size_bytes: int | None = None  # None: the table's write.target-file-size-bytes
     format_version: int = 3
+    table_properties: dict[str, str] = {}  # from property.<key> options
+    maintenance: str = "auto"
     operation: str = "append"
     primary_key: tuple[str, ...] | None = None
     op_column: str | None = None
@@ -55,11 +63,30 @@ _SIMPLE = {
     "delete_ops",
     "sequence_column",
     "index_dir",
+    "maintenance",
 }
 # Spark passes the save()/start() argument as `path`; it means the table name.
 _ALIASES = {"path": "table"}
 # Options Spark itself consumes and still forwards to the data source.
 _SPARK_OWNED = {"checkpointlocation", "queryname"}
+
+
+def _valid_names() -> str:
+    return ", ".join(sorted(_SIMPLE | {"catalog.<property>", "property.<table property>"}))
+
+
+def _did_you_mean(name: str) -> str:
+    """`; did you mean 'x'?` for the closest valid option (also across camelCase/snake_case)."""
+    snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
+    candidates = sorted(_SIMPLE | set(_ALIASES))
+    for probe in (name, snake, name.replace("-", "_")):
+        if probe in _SIMPLE:
+            return f"; did you mean '{probe}'?"
+    squashed = {c.replace("_", ""): c for c in candidates}
+    if name.replace("_", "").replace("-", "") in squashed:
+        return f"; did you mean '{squashed[name.replace('_', '').replace('-', '')]}'?"
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    return f"; did you mean '{_ALIASES.get(close[0], close[0])}'?" if close else ""
 
 
 def _csv(value: str) -> tuple[str, ...]:
@@ -82,6 +109,7 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
     """Validate Spark's option map into WriteOptions; raise OptionError naming the option."""
     values: dict[str, str] = {}
     catalog_properties: dict[str, str] = {}
+    table_properties: dict[str, str] = {}
     for key, value in raw.items():
         name = key.lower()
         if name.startswith("catalog."):
@@ -90,12 +118,19 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
                 raise OptionError("option 'catalog.' needs a property name, e.g. 'catalog.uri'")
             catalog_properties[prop.lower()] = value
             continue
+        if name.startswith("property."):
+            # Iceberg property names are lower case by convention; Spark lower-cases option
+            # names anyway, so the key is taken as given in lower case.
+            prop = name[len("property.") :]
+            if not prop:
+                raise OptionError("option 'property.' needs a table property name, e.g. 'property.write.target-file-size-bytes'")
+            table_properties[prop] = value
+            continue
         if name in _SPARK_OWNED:
             continue
         name = _ALIASES.get(name, name)
         if name not in _SIMPLE:
-            valid = ", ".join(sorted(_SIMPLE | {"catalog.<property>"}))
-            raise OptionError(f"unknown option '{key}' (valid options: {valid})")
+            raise OptionError(f"unknown option '{key}'{_did_you_mean(name)} (valid options: {_valid_names()})")
         if name in values and values[name] != value:
             raise OptionError(f"option '{name}' given twice with different values ({values[name]!r}, {value!r})")
         values[name] = value
@@ -113,6 +148,13 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
     operation = values.get("operation", "append").strip().lower()
     if operation not in OPERATIONS:
         raise OptionError(f"option 'operation' must be one of {', '.join(OPERATIONS)}, got {operation!r}")
+    maintenance = values.get("maintenance", "auto").strip().lower()
+    if maintenance not in MAINTENANCE_MODES:
+        raise OptionError(f"option 'maintenance' must be one of {', '.join(MAINTENANCE_MODES)}, got {maintenance!r}")
+    try:
+        validate_properties(table_properties)
+    except PropertyError as exc:
+        raise OptionError(f"option 'property.{exc.name}': {exc}") from None
 
     kwargs: dict[str, object] = {
         "table": table,
@@ -123,6 +165,8 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
         "catalog_properties": catalog_properties,
         "partition_by": values.get("partition_by") or None,
         "operation": operation,
+        "maintenance": maintenance,
+        "table_properties": table_properties,
     }
     if "target_file_size_bytes" in values:
         kwargs["target_file_size_bytes"] = _int_option("target_file_size_bytes", values["target_file_size_bytes"])

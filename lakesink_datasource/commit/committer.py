@@ -24,10 +24,18 @@ from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot
-from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate
+from pyiceberg.table.update import (
+    AddSnapshotUpdate,
+    AssertRefSnapshotId,
+    RemoveSnapshotsUpdate,
+    SetPropertiesUpdate,
+    SetSnapshotRefUpdate,
+    TableUpdate,
+)
 from pyroaring import BitMap64
 
 from lakesink_datasource.catalog import loader
+from lakesink_datasource.commit import cleanup
 from lakesink_datasource.commit.data_files import data_file
 from lakesink_datasource.commit.deletion_vectors import PendingDeletes
 from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
@@ -35,16 +43,15 @@ from lakesink_datasource.commit.validation import ConflictError
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg import summary_keys as keys
 from lakesink_datasource.iceberg.compat import v3_metadata_writes
+from lakesink_datasource.iceberg.expiry import snapshots_to_expire
 from lakesink_datasource.iceberg.partition_key import decode_partition
+from lakesink_datasource.iceberg.properties import TableSettings
 from lakesink_datasource.messages import TaskResult, TaskStats
 from lakesink_datasource.table import idempotency
 from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.version import __version__
 
 log = logging.getLogger("lakesink")
-
-MAX_ATTEMPTS = 20
-
 
 class CommitError(RuntimeError):
     pass
@@ -122,19 +129,76 @@ def _refuse_keys_on_several_hosts(results: list[TaskResult]) -> None:
             seen = keys
 
 
-def _commit_once(table: Table, snapshot_parent: int | None, snapshot: Snapshot) -> None:
-    with v3_metadata_writes():
-        table.catalog.commit_table(
-            table,
-            requirements=(AssertRefSnapshotId(ref="main", snapshot_id=snapshot_parent),),
-            updates=(
-                AddSnapshotUpdate(snapshot=snapshot),
-                SetSnapshotRefUpdate(
-                    ref_name="main", type=SnapshotRefType.BRANCH, snapshot_id=snapshot.snapshot_id,
-                    max_ref_age_ms=None, max_snapshot_age_ms=None, min_snapshots_to_keep=None,
-                ),
-            ),
+@dataclass
+class _Attempt:
+    """One compare-and-swap: the base it was built on, what it changes, what it expires."""
+
+    base: TableMetadata
+    snapshot: Snapshot
+    properties: dict[str, str]
+    expired: list[int]
+
+
+def _pending_properties(plan: WritePlan, base: TableMetadata, query_id: str | None, batch_id: int | None) -> dict[str, str]:
+    """Table properties this commit sets: the write's `property.<key>` options that differ from
+    the table's, and the query's last committed epoch (replay detection that survives expiry)."""
+    wanted = dict(plan.options.table_properties)
+    if query_id is not None and batch_id is not None:
+        wanted[idempotency.last_epoch_property(query_id)] = str(batch_id)
+    return {k: v for k, v in wanted.items() if base.properties.get(k) != v}
+
+
+def _attempt(
+    producer: SnapshotProducer, plan: WritePlan, table: Table, attempt: int, extra: dict[str, str],
+    query_id: str | None, batch_id: int | None,
+) -> _Attempt:
+    base = table.metadata
+    snapshot = producer.produce(base, attempt, extra)
+    expired: list[int] = []
+    if plan.options.maintenance == "auto":
+        settings = TableSettings.of({**base.properties, **plan.options.table_properties}, base.location)
+        expired = snapshots_to_expire(
+            base, snapshot.timestamp_ms, settings.max_snapshot_age_ms, settings.min_snapshots_to_keep, new_head=snapshot
         )
+    return _Attempt(base, snapshot, _pending_properties(plan, base, query_id, batch_id), expired)
+
+
+def _commit_once(table: Table, attempt: _Attempt) -> Table:
+    """Swap the attempt in if main still is its parent; returns the table as committed."""
+    parent = attempt.base.current_snapshot()
+    updates: list[TableUpdate] = [
+        AddSnapshotUpdate(snapshot=attempt.snapshot),
+        SetSnapshotRefUpdate(
+            ref_name="main", type=SnapshotRefType.BRANCH, snapshot_id=attempt.snapshot.snapshot_id,
+            max_ref_age_ms=None, max_snapshot_age_ms=None, min_snapshots_to_keep=None,
+        ),
+    ]
+    if attempt.properties:
+        updates.append(SetPropertiesUpdate(updates=attempt.properties))
+    if attempt.expired:
+        updates.append(RemoveSnapshotsUpdate(snapshot_ids=attempt.expired))
+    with v3_metadata_writes():
+        response = table.catalog.commit_table(
+            table,
+            requirements=(AssertRefSnapshotId(ref="main", snapshot_id=parent.snapshot_id if parent else None),),
+            updates=tuple(updates),
+        )
+    return Table(
+        table.name(), metadata=response.metadata, metadata_location=response.metadata_location, io=table.io, catalog=table.catalog
+    )
+
+
+def _after_commit(table: Table, before: Table, attempt: _Attempt) -> int:
+    """Delete what the commit made unreferenced; returns how many files went."""
+    deleted = cleanup.delete_files(table.io, cleanup.dropped_metadata_files(before.metadata, before.metadata_location, table.metadata))
+    if attempt.expired:
+        deleted += len(cleanup.expire(table.io, attempt.base, attempt.expired, attempt.snapshot))
+    return deleted
+
+
+def _backoff_seconds(settings: TableSettings, attempt: int) -> float:
+    wait_ms = min(settings.commit_max_retry_wait_ms, settings.commit_min_retry_wait_ms * 2**attempt)
+    return wait_ms / 1000 * (0.5 + random.random())
 
 
 def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | None) -> CommitOutcome:
@@ -177,39 +241,49 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
     tombstones = sorted(r.tombstones for r in results if r.tombstones)
     if tombstones:
         extra[keys.TOMBSTONES] = ",".join(tombstones)
-    for attempt in range(MAX_ATTEMPTS):
+    settings = TableSettings.of_table(metadata)
+    deadline = time.monotonic() + settings.commit_total_retry_time_ms / 1000
+    attempts = settings.commit_num_retries + 1
+    for attempt_number in range(attempts):
         fault_point("before_commit", batch_id)
-        current = table.metadata.current_snapshot()
         try:
-            snapshot = producer.produce(table.metadata, attempt, extra)
+            attempt = _attempt(producer, plan, table, attempt_number, extra, query_id, batch_id)
         except ConflictError as exc:
             producer.cleanup(committed_attempt=None)
             raise CommitError(str(exc)) from exc
         try:
-            _commit_once(table, current.snapshot_id if current else None, snapshot)
+            committed = _commit_once(table, attempt)
         except CommitFailedException as exc:
-            log.info("lakesink: commit attempt %d lost a race (%s); retrying on the new table state", attempt + 1, exc)
+            log.info("lakesink: commit attempt %d lost a race (%s); retrying on the new table state", attempt_number + 1, exc)
             table = catalog.load_table(plan.identifier)
             if idempotency.is_epoch_committed(table.metadata, query_id, batch_id) or any(
                 idempotency.is_write_committed(table.metadata, w, planned_snapshot_id) for w in write_ids
             ):
                 producer.cleanup(committed_attempt=None)
-                return CommitOutcome(None, "committed concurrently", attempt + 1, stats)
-            time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+                return CommitOutcome(None, "committed concurrently", attempt_number + 1, stats)
+            if attempt_number + 1 == attempts or time.monotonic() > deadline:
+                break
+            time.sleep(_backoff_seconds(settings, attempt_number))
             continue
-        producer.cleanup(committed_attempt=attempt)
+        producer.cleanup(committed_attempt=attempt_number)
         fault_point("after_commit", batch_id)
+        snapshot = attempt.snapshot
+        removed = _after_commit(committed, table, attempt)
         log.info(
             "lakesink: committed snapshot %d (%s) batch=%s rows_in=%d rows_written=%d rows_deleted=%d "
-            "data_files=%d dvs=%d bytes=%d attempts=%d partition_s=%.3f index_s=%.3f write_s=%.3f commit_s=%.3f",
+            "data_files=%d dvs=%d bytes=%d attempts=%d partition_s=%.3f index_s=%.3f write_s=%.3f commit_s=%.3f "
+            "expired_snapshots=%d files_removed=%d",
             snapshot.snapshot_id, snapshot.summary.operation.value if snapshot.summary else "?", batch_id,
             stats.rows_in, stats.rows_written, stats.rows_deleted, len(delta.added_data_files),
-            len(producer.last.deletion_vectors), stats.bytes_written, attempt + 1, stats.partition_seconds,
-            stats.index_seconds, stats.write_seconds, time.perf_counter() - started,
+            len(producer.last.deletion_vectors), stats.bytes_written, attempt_number + 1, stats.partition_seconds,
+            stats.index_seconds, stats.write_seconds, time.perf_counter() - started, len(attempt.expired), removed,
         )
-        return CommitOutcome(snapshot.snapshot_id, None, attempt + 1, stats)
+        return CommitOutcome(snapshot.snapshot_id, None, attempt_number + 1, stats)
     producer.cleanup(committed_attempt=None)
-    raise CommitError(f"could not commit to {plan.identifier} after {MAX_ATTEMPTS} attempts (concurrent writers)")
+    raise CommitError(
+        f"could not commit to {plan.identifier} after {attempts} attempts: other writers kept committing first "
+        f"(raise table property commit.retry.num-retries, now {settings.commit_num_retries}, to wait longer)"
+    )
 
 
 def abort_write(plan: WritePlan, results: list[TaskResult], batch_id: int | None) -> list[str]:

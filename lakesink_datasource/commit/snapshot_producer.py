@@ -6,7 +6,8 @@ base and can run again on a newer base after a lost race. It reads as four steps
 
 1. validate: the named conflict checks of `validation.py` against this base;
 2. deletes: pending positions merged with the base's DVs into new DVs (`deletion_vectors.py`);
-3. carry-over: the base's manifests as they stand after this commit's removals;
+3. carry-over: the base's manifests as they stand after this commit's removals, then merged
+   with Java's rules (`manifest_merge.py`) so their number stays bounded;
 4. manifest list: new and carried manifests, row ids assigned, plus the summary.
 
 Files that do not depend on the base (the manifests of added data files) are written once
@@ -28,10 +29,12 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 
 from lakesink_datasource.commit.deletion_vectors import PendingDeletes, write_deletion_vectors
+from lakesink_datasource.commit.manifest_merge import merge_manifests
 from lakesink_datasource.commit.validation import validate_delete_targets_exist
 from lakesink_datasource.iceberg.live_files import live_deletion_vectors
 from lakesink_datasource.iceberg.manifest_list import ManifestListWriter, read_manifest_list
 from lakesink_datasource.iceberg.manifests import read_entries, referenced_data_file, write_manifest
+from lakesink_datasource.iceberg.properties import TableSettings
 from lakesink_datasource.iceberg.summary import ChangeCounts, build_summary
 from lakesink_datasource.iceberg.table_metadata import last_sequence_number, next_row_id
 from lakesink_datasource.version import __version__
@@ -84,8 +87,10 @@ class SnapshotProducer:
         self._delta = delta
         self.snapshot_id = new_snapshot_id()
         self._commit_uuid = uuid.uuid4()
-        self._metadata_dir = metadata.properties.get("write.metadata.path", f"{metadata.location.rstrip('/')}/metadata")
-        self._data_dir = metadata.properties.get("write.data.path", f"{metadata.location.rstrip('/')}/data")
+        self._settings = settings = TableSettings.of_table(metadata)
+        self._metadata_dir = settings.metadata_path
+        self._data_dir = settings.data_path
+        self._avro_codec = settings.avro_codec
         self._manifest_count = 0
         self._added_manifests: list[ManifestFile] | None = None
         # Metadata files by the attempt that wrote them (-1: the added-file manifests,
@@ -108,7 +113,15 @@ class SnapshotProducer:
         for f in self._delta.added_data_files + state.deletion_vectors:
             state.counts.add(f, self._partition_path(base, f))
         carried = self._carry_over(base, state.counts, self._replaced_dv_targets(state.deletion_vectors))
-        return self._snapshot(base, attempt, self._added_manifests + dv_manifests + carried, state.counts, extra_summary)
+        manifests = merge_manifests(
+            self._io,
+            self._added_manifests + dv_manifests + carried,
+            new_paths=set(self._written[-1]) | set(self._written[attempt]),
+            snapshot_id=self.snapshot_id,
+            settings=self._settings,
+            write_merged=lambda spec_id, content, added, existing, deleted: self._write_merged(base, spec_id, content, added, existing, deleted),
+        )
+        return self._snapshot(base, attempt, manifests, state.counts, extra_summary)
 
     def validate(self, base: TableMetadata) -> None:
         """The conflict checks this commit needs against `base` (Java's `validate`)."""
@@ -189,6 +202,7 @@ class SnapshotProducer:
             content=manifest.content,
             existing=existing,
             deleted=removed,
+            avro_codec=self._avro_codec,
         )
 
     # -- step 4: manifest list and snapshot -----------------------------------------------
@@ -214,6 +228,7 @@ class SnapshotProducer:
             parent_snapshot_id=parent.snapshot_id if parent else None,
             sequence_number=sequence_number,
             first_row_id=first_row_id,
+            avro_codec=self._avro_codec,
         )
         writer.write(manifests)
         previous = parent.summary.additional_properties if parent and parent.summary else None
@@ -250,9 +265,33 @@ class SnapshotProducer:
                 format_version=base.format_version,
                 content=content,
                 added=group,
+                avro_codec=self._avro_codec,
             )
             for spec_id, group in by_spec.items()
         ]
+
+    def _write_merged(
+        self,
+        base: TableMetadata,
+        spec_id: int,
+        content: ManifestContent,
+        added: list[ManifestEntry],
+        existing: list[ManifestEntry],
+        deleted: list[ManifestEntry],
+    ) -> ManifestFile:
+        return write_manifest(
+            self._io,
+            self._manifest_location(),
+            spec=base.specs()[spec_id],
+            schema=base.schema(),
+            snapshot_id=self.snapshot_id,
+            format_version=base.format_version,
+            content=content,
+            added=[e.data_file for e in added],
+            existing=existing,
+            deleted=deleted,
+            avro_codec=self._avro_codec,
+        )
 
     def _manifest_location(self) -> str:
         self._manifest_count += 1

@@ -1,7 +1,10 @@
 """Snapshot history of a table's main branch (Java's `SnapshotUtil.ancestorsOf`).
 
-Expired snapshots leave their id behind as their children's `parent-snapshot-id`, so a
-walk can still tell that a snapshot id it looks for lies behind the oldest retained one.
+A walk back from main's head may end before the snapshot it looks for when that snapshot
+expired. Iceberg Java keeps an expired parent's id in its child (`parent-snapshot-id`), so
+the child still names it; pyiceberg's expiry clears that id. Sequence numbers bridge the
+gap: every commit to a table takes the next one, so when the oldest retained ancestor's
+sequence number directly follows the sought snapshot's, nothing lies between them.
 """
 
 from __future__ import annotations
@@ -21,18 +24,32 @@ def ancestors(metadata: TableMetadata, start: int | None = None) -> Iterator[Sna
         snapshot = metadata.snapshot_by_id(parent) if parent is not None else None
 
 
-def snapshots_after(metadata: TableMetadata, since: int | None) -> tuple[list[Snapshot], bool]:
+def snapshots_after(
+    metadata: TableMetadata, since: int | None, since_sequence: int | None = None
+) -> tuple[list[Snapshot], bool]:
     """Main-branch snapshots committed after snapshot `since`, newest first, and whether
     `since` is an ancestor of the current snapshot (None means "from the beginning": always
-    found). An expired `since` is still found through its child's parent id."""
+    found). An expired `since` is still found through its child's parent id or, given its
+    sequence number, when the oldest retained ancestor's number directly follows it."""
     out: list[Snapshot] = []
     for snapshot in ancestors(metadata):
         if snapshot.snapshot_id == since:
             return out, True
+        if since_sequence is not None and (snapshot.sequence_number or 0) <= since_sequence:
+            return out, False  # reached its age without meeting it: another line of history
         out.append(snapshot)
         if since is not None and snapshot.parent_snapshot_id == since:
             return out, True
-    return out, since is None
+    if since is None:
+        return out, True
+    oldest = out[-1] if out else None
+    contiguous = (
+        since_sequence is not None
+        and oldest is not None
+        and oldest.parent_snapshot_id is None
+        and oldest.sequence_number == since_sequence + 1
+    )
+    return out, contiguous
 
 
 def is_linear(metadata: TableMetadata) -> bool:

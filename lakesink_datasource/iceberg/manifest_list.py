@@ -19,7 +19,7 @@ from pyiceberg.manifest import (
     PartitionFieldSummary,
 )
 
-from lakesink_datasource.iceberg.manifests import AVRO_CODEC, MF_FIRST_ROW_ID
+from lakesink_datasource.iceberg.manifests import AVRO_CODEC, MF_FIRST_ROW_ID, AvroCodec
 
 
 def read_manifest_list(io: FileIO, location: str) -> list[ManifestFile]:
@@ -51,8 +51,10 @@ class ManifestListWriter:
         parent_snapshot_id: int | None,
         sequence_number: int,
         first_row_id: int | None,
+        avro_codec: AvroCodec = AVRO_CODEC,
     ):
         self._io = io
+        self._avro_codec = avro_codec
         self.location = location
         self._format_version = format_version
         self._snapshot_id = snapshot_id
@@ -84,7 +86,7 @@ class ManifestListWriter:
             "parent-snapshot-id": str(self._parent_snapshot_id) if self._parent_snapshot_id is not None else "null",
             "sequence-number": str(self._sequence_number),
             "format-version": str(self._format_version),
-            "avro.codec": AVRO_CODEC,
+            "avro.codec": self._avro_codec,
         }
         if self._format_version >= 3:
             meta["first-row-id"] = str(self.first_row_id)

@@ -34,6 +34,7 @@ from pyiceberg.manifest import (
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 
+AvroCodec = Literal["null", "bzip2", "snappy", "zstandard", "deflate"]
 AVRO_CODEC: Final = "deflate"  # Java's default for manifests; every Iceberg reader supports it
 
 # v3 positions beyond the 16 slots pyiceberg exposes as properties.
@@ -156,10 +157,11 @@ class LakeSinkManifestWriter(ManifestWriter):
         snapshot_id: int,
         format_version: int,
         content: ManifestContent,
+        avro_codec: AvroCodec = AVRO_CODEC,
     ):
         if format_version not in (2, 3):
             raise ValueError(f"lakesink writes format versions 2 and 3, not {format_version}")
-        super().__init__(spec, schema, output_file, snapshot_id, AVRO_CODEC)
+        super().__init__(spec, schema, output_file, snapshot_id, avro_codec)
         self._format_version: Literal[2, 3] = 2 if format_version == 2 else 3
         self._content = content
 
@@ -226,10 +228,11 @@ def write_manifest(
     added: Iterable[DataFile] = (),
     existing: Iterable[ManifestEntry] = (),
     deleted: Iterable[ManifestEntry] = (),
+    avro_codec: AvroCodec = AVRO_CODEC,
 ) -> ManifestFile:
     """Write one manifest. ADDED entries inherit their sequence numbers; EXISTING and
     DELETED entries carry their original ones explicitly, as the spec requires."""
-    writer = LakeSinkManifestWriter(spec, schema, io.new_output(location), snapshot_id, format_version, content)
+    writer = LakeSinkManifestWriter(spec, schema, io.new_output(location), snapshot_id, format_version, content, avro_codec)
     with writer:
         for data_file in added:
             writer.add_entry(

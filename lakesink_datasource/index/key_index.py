@@ -97,6 +97,7 @@ class IndexState(msgspec.Struct, frozen=True):
     snapshot_id: int | None = None
     query_id: str | None = None
     batch_id: int | None = None
+    sequence_number: int | None = None  # the snapshot's, to recognise it once it expired
 
 
 # ------------------------------------------------------------------------------ packing

@@ -146,12 +146,17 @@ def rebuild(index: KeyIndex, io: FileIO, metadata: TableMetadata, columns: KeyCo
 
 
 def _state(metadata: TableMetadata, snapshot: Snapshot | None) -> IndexState:
-    return IndexState(table_uuid=str(metadata.table_uuid), snapshot_id=snapshot.snapshot_id if snapshot else None)
+    return IndexState(
+        table_uuid=str(metadata.table_uuid),
+        snapshot_id=snapshot.snapshot_id if snapshot else None,
+        sequence_number=snapshot.sequence_number if snapshot else None,
+    )
 
 
-def _path_since(metadata: TableMetadata, since: int | None) -> list[Snapshot] | None:
-    """Snapshots after `since` up to the current one, oldest first (None: not an ancestor)."""
-    newest_first, found = snapshots_after(metadata, since)
+def _path_since(metadata: TableMetadata, state: IndexState) -> list[Snapshot] | None:
+    """Snapshots after the index's state up to the current one, oldest first (None: the
+    state is not an ancestor of the current snapshot)."""
+    newest_first, found = snapshots_after(metadata, state.snapshot_id, state.sequence_number)
     return list(reversed(newest_first)) if found else None
 
 
@@ -188,7 +193,7 @@ def sync(
     if state is not None and state.table_uuid == str(metadata.table_uuid) and state.snapshot_id == (target and target.snapshot_id):
         _rollback_uncommitted(index, write_id, committed=set())
         return
-    path = _path_since(metadata, state.snapshot_id) if state and state.table_uuid == str(metadata.table_uuid) else None
+    path = _path_since(metadata, state) if state and state.table_uuid == str(metadata.table_uuid) else None
     if path is None:
         _rollback_uncommitted(index, write_id, committed=set())
         rebuild(index, io, metadata, columns)

@@ -1,8 +1,11 @@
 """Which writes and micro-batches of a streaming query already reached the table.
 
 The table is the source of truth: each lakesink streaming commit records the query id and
-the batch (epoch) id in its snapshot summary, under the keys Iceberg's own Spark sink uses.
-A replayed batch finds its id there and is not applied twice.
+the batch (epoch) id in its snapshot summary, under the keys Iceberg's own Spark sink uses,
+and sets the table property `lakesink.last-epoch.<query id>` in the same commit. A replayed
+batch finds its epoch there and is not applied twice. The property survives snapshot expiry
+(the summary does not) and costs one lookup however long the history; the summaries are
+still walked for tables written before the property existed.
 """
 
 from __future__ import annotations
@@ -12,9 +15,18 @@ from pyiceberg.table.metadata import TableMetadata
 from lakesink_datasource.iceberg.history import ancestors, snapshots_after
 from lakesink_datasource.iceberg.summary_keys import EPOCH_ID, QUERY_ID, WRITE_ID
 
+LAST_EPOCH_PREFIX = "lakesink.last-epoch."
+
+
+def last_epoch_property(query_id: str) -> str:
+    return f"{LAST_EPOCH_PREFIX}{query_id}"
+
 
 def last_committed_epoch(metadata: TableMetadata, query_id: str) -> int | None:
-    """The newest epoch of `query_id` on the main branch's history, or None."""
+    """The newest epoch of `query_id` committed to the table, or None."""
+    recorded = metadata.properties.get(last_epoch_property(query_id))
+    if recorded is not None:
+        return int(recorded)
     for snapshot in ancestors(metadata):
         props = snapshot.summary.additional_properties if snapshot.summary else {}
         if props.get(QUERY_ID) == query_id and EPOCH_ID in props:

@@ -17,6 +17,7 @@ from pyspark.sql.types import StructType
 
 from lakesink_datasource.catalog import loader
 from lakesink_datasource.iceberg.compat import v3_metadata_writes
+from lakesink_datasource.iceberg.properties import CREATE_DEFAULTS, FORMAT_VERSION, PropertyError, TableSettings
 from lakesink_datasource.options import KEYED_OPERATIONS, OptionError, WriteOptions
 from lakesink_datasource.schema.spark_types import SchemaError, column_mapping, spark_to_iceberg_schema
 from lakesink_datasource.table.partition_spec import parse_partition_spec
@@ -52,7 +53,11 @@ def create_table(catalog: Catalog, options: WriteOptions, spark_schema: StructTy
                 options.table,
                 schema=schema,
                 partition_spec=spec,
-                properties={"format-version": str(options.format_version)},
+                properties={
+                    **CREATE_DEFAULTS,
+                    **options.table_properties,
+                    FORMAT_VERSION: str(options.format_version),
+                },
             )
     except TableAlreadyExistsError:
         # Another writer created it between our load and create: use theirs.
@@ -152,6 +157,12 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
             f"table {options.table} is Iceberg format version 1; lakesink writes versions 2 and 3 "
             "(upgrade it first, e.g. ALTER TABLE ... SET TBLPROPERTIES ('format-version' = '2'))"
         )
+    try:
+        # The table's own properties too: one another engine set to a value lakesink cannot
+        # use must fail here, not in every task.
+        TableSettings.of({**table.metadata.properties, **options.table_properties}, table.metadata.location)
+    except PropertyError as exc:
+        raise OptionError(f"{exc} (table {options.table}); fix it with property.{exc.name}=...") from None
     keyed = _plan_keys(options, spark_schema, table)
     sources = column_mapping(spark_schema, table.schema(), ignore=(options.op_column,) if options.op_column else ())
     current = table.metadata.current_snapshot()

@@ -14,14 +14,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+from pyiceberg.io.pyarrow import BUFFER_SIZE
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg.partition_key import PartitionKey, partition_path
+from lakesink_datasource.iceberg.properties import TableSettings
 from lakesink_datasource.index.sync import TOMBSTONE_DIR
 from lakesink_datasource.io.partitioning import PartitionSplitter
-from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
+from lakesink_datasource.io.rolling_writer import STREAM_BUFFER_BYTES, PartitionedParquetWriter
 from lakesink_datasource.messages import LakeSinkCommitMessage, TaskResult, TaskStats
 from lakesink_datasource.schema.arrow_align import BatchAligner, table_arrow_schema
 from lakesink_datasource.table import idempotency, metadata_cache
@@ -122,17 +124,25 @@ def write_task(
     aligner = BatchAligner(arrow_schema, plan.column_sources)
     splitter = PartitionSplitter(spec, schema)
     io = metadata_cache.file_io(plan.io_properties, plan.metadata_location)
-    data_dir = metadata.properties.get("write.data.path", f"{metadata.location.rstrip('/')}/data")
+    # Data files get small stream buffers: a task may hold many files open (see rolling_writer).
+    data_io = metadata_cache.file_io({**plan.io_properties, BUFFER_SIZE: str(STREAM_BUFFER_BYTES)}, plan.metadata_location)
+    # The write's own property.<key> options apply to what it writes: they land with it.
+    properties = {**metadata.properties, **plan.options.table_properties}
+    settings = TableSettings.of(properties, metadata.location)
+    data_dir = settings.data_path
     writer = PartitionedParquetWriter(
-        io=io,
+        io=data_io,
         iceberg_schema=schema,
         arrow_schema=arrow_schema,
         spec_id=spec.spec_id,
-        table_properties=metadata.properties,
+        table_properties=properties,
         path_for=_file_namer(data_dir, spec, schema, who),
-        target_file_size=plan.options.target_file_size_bytes,
-        # Each open output stream holds its own buffer outside the row-group budget, so a
-        # task keeps at most this many files open (the least recently written closes).
+        target_file_size=plan.options.target_file_size_bytes or settings.target_file_size_bytes,
+        row_group_bytes=settings.parquet_row_group_bytes,
+        compression=settings.parquet_compression,
+        compression_level=settings.parquet_compression_level,
+        # Each open file holds memory of its own (stream buffer, writer state), so a task
+        # keeps at most this many open (the least recently written closes).
         max_open_files=MAX_OPEN_FILES,
     )
     rows_in = 0
@@ -148,10 +158,9 @@ def write_task(
                 keyed.write(batch)
                 write_seconds += time.perf_counter() - t0
                 continue
-            groups = splitter.split(aligner.align(batch))
+            grouped, groups = splitter.split_grouped(aligner.align(batch))
             t1 = time.perf_counter()
-            for key, rows in groups:
-                writer.write(key, rows)
+            writer.write_groups(grouped, groups)
             partition_seconds += t1 - t0
             write_seconds += time.perf_counter() - t1
         t1 = time.perf_counter()
@@ -163,6 +172,10 @@ def write_task(
         if keyed is not None:
             keyed.rollback()
         raise
+    finally:
+        # Spark reuses this worker process: give the allocator's cached pages back to the OS
+        # instead of carrying this task's peak into the next one.
+        pa.default_memory_pool().release_unused()
     index_seconds = keyed.index_seconds if keyed else 0.0
     stats = TaskStats(
         rows_in=rows_in,

@@ -15,8 +15,8 @@ ROOT = Path(lakesink_datasource.__file__).parent
 
 # Lowest first. Each name is a top-level package or module of lakesink_datasource.
 LAYERS: list[set[str]] = [
-    {"iceberg", "options", "faults", "version"},  # the Iceberg format floor and plain values
-    {"messages"},  # executor -> driver messages, known to both sides
+    {"iceberg", "faults", "version"},  # the Iceberg format floor and plain values
+    {"options", "messages"},  # write options; executor -> driver messages, known to both sides
     {"catalog", "schema"},
     {"io", "index"},  # storage: Parquet writing, the key index
     {"table"},  # table state: planning, metadata cache, idempotency

@@ -1,0 +1,160 @@
+"""Iceberg table properties lakesink honours: names, defaults and parsing in one place.
+
+The counterpart of Iceberg Java's `TableProperties` / `PropertyUtil`: every setting that
+used to be a literal somewhere (codecs, retries, target sizes, metadata retention) is read
+from the table's properties through `TableSettings`, with Iceberg's defaults. A property
+value that cannot be parsed is an error naming the property (raised before anything is
+written when it comes from a write option).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from pyiceberg.table.metadata import TableMetadata
+
+from lakesink_datasource.iceberg.manifests import AvroCodec
+
+# --- names (Iceberg's own) ------------------------------------------------------------------
+
+FORMAT_VERSION: Final = "format-version"
+TARGET_FILE_SIZE_BYTES: Final = "write.target-file-size-bytes"
+PARQUET_COMPRESSION: Final = "write.parquet.compression-codec"
+PARQUET_COMPRESSION_LEVEL: Final = "write.parquet.compression-level"
+PARQUET_ROW_GROUP_SIZE_BYTES: Final = "write.parquet.row-group-size-bytes"
+AVRO_COMPRESSION: Final = "write.avro.compression-codec"
+METADATA_PREVIOUS_VERSIONS_MAX: Final = "write.metadata.previous-versions-max"
+METADATA_DELETE_AFTER_COMMIT: Final = "write.metadata.delete-after-commit.enabled"
+DATA_PATH: Final = "write.data.path"
+METADATA_PATH: Final = "write.metadata.path"
+MANIFEST_MERGE_ENABLED: Final = "commit.manifest-merge.enabled"
+MANIFEST_MIN_MERGE_COUNT: Final = "commit.manifest.min-count-to-merge"
+MANIFEST_TARGET_SIZE_BYTES: Final = "commit.manifest.target-size-bytes"
+COMMIT_NUM_RETRIES: Final = "commit.retry.num-retries"
+COMMIT_MIN_RETRY_WAIT_MS: Final = "commit.retry.min-wait-ms"
+COMMIT_MAX_RETRY_WAIT_MS: Final = "commit.retry.max-wait-ms"
+COMMIT_TOTAL_RETRY_TIME_MS: Final = "commit.retry.total-timeout-ms"
+MAX_SNAPSHOT_AGE_MS: Final = "history.expire.max-snapshot-age-ms"
+MIN_SNAPSHOTS_TO_KEEP: Final = "history.expire.min-snapshots-to-keep"
+
+# --- lakesink's own (namespaced, so no engine mistakes them for its own) ----------------------
+
+ORPHAN_MIN_AGE_MS: Final = "lakesink.maintenance.orphan-min-age-ms"
+ORPHAN_INTERVAL_MS: Final = "lakesink.maintenance.orphan-interval-ms"
+COMPACTION_MIN_BUDGET_BYTES: Final = "lakesink.maintenance.compaction-min-bytes-per-batch"
+
+PARQUET_CODECS: Final = ("zstd", "snappy", "gzip", "lz4", "brotli", "uncompressed")
+# Iceberg's Avro codec names -> the Avro container's names (pyiceberg's AvroOutputFile).
+AVRO_CODECS: Final[dict[str, AvroCodec]] = {"gzip": "deflate", "deflate": "deflate", "zstd": "zstandard", "snappy": "snappy", "uncompressed": "null", "none": "null"}
+
+
+class PropertyError(ValueError):
+    """A table property (or `property.<key>` option) has a value lakesink cannot use."""
+
+    def __init__(self, name: str, message: str):
+        self.name = name
+        super().__init__(f"table property '{name}' {message}")
+
+
+def _int(props: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = props.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise PropertyError(name, f"must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise PropertyError(name, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _bool(props: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = props.get(name)
+    if raw is None:
+        return default
+    value = str(raw).strip().lower()
+    if value not in ("true", "false"):
+        raise PropertyError(name, f"must be true or false, got {raw!r}")
+    return value == "true"
+
+
+def _choice(props: Mapping[str, str], name: str, default: str, choices: tuple[str, ...] | Mapping[str, str]) -> str:
+    raw = props.get(name)
+    if raw is None:
+        return default
+    value = str(raw).strip().lower()
+    if value not in choices:
+        raise PropertyError(name, f"must be one of {', '.join(choices)}, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class TableSettings:
+    """The table's properties parsed, with Iceberg's defaults (and lakesink's for its own)."""
+
+    target_file_size_bytes: int
+    parquet_compression: str
+    parquet_compression_level: int | None
+    parquet_row_group_bytes: int
+    avro_codec: AvroCodec  # the Avro container's codec name
+    metadata_previous_versions_max: int
+    metadata_delete_after_commit: bool
+    manifest_merge_enabled: bool
+    manifest_min_merge_count: int
+    manifest_target_size_bytes: int
+    commit_num_retries: int
+    commit_min_retry_wait_ms: int
+    commit_max_retry_wait_ms: int
+    commit_total_retry_time_ms: int
+    max_snapshot_age_ms: int
+    min_snapshots_to_keep: int
+    orphan_min_age_ms: int
+    orphan_interval_ms: int
+    compaction_min_budget_bytes: int
+    data_path: str  # where data (and delete) files go
+    metadata_path: str  # where manifests, manifest lists and metadata files go
+
+    @classmethod
+    def of(cls, props: Mapping[str, str], location: str = "") -> TableSettings:
+        """Parse `props` of a table at `location`; raises PropertyError naming the first bad one."""
+        level = props.get(PARQUET_COMPRESSION_LEVEL)
+        return cls(
+            target_file_size_bytes=_int(props, TARGET_FILE_SIZE_BYTES, 512 * 1024 * 1024, minimum=1),
+            parquet_compression=_choice(props, PARQUET_COMPRESSION, "zstd", PARQUET_CODECS),
+            parquet_compression_level=None if level is None else _int(props, PARQUET_COMPRESSION_LEVEL, 0, minimum=-(2**31)),
+            parquet_row_group_bytes=_int(props, PARQUET_ROW_GROUP_SIZE_BYTES, 128 * 1024 * 1024, minimum=1),
+            avro_codec=AVRO_CODECS[_choice(props, AVRO_COMPRESSION, "gzip", AVRO_CODECS)],
+            metadata_previous_versions_max=_int(props, METADATA_PREVIOUS_VERSIONS_MAX, 100, minimum=1),
+            metadata_delete_after_commit=_bool(props, METADATA_DELETE_AFTER_COMMIT, False),
+            manifest_merge_enabled=_bool(props, MANIFEST_MERGE_ENABLED, True),
+            manifest_min_merge_count=_int(props, MANIFEST_MIN_MERGE_COUNT, 100, minimum=1),
+            manifest_target_size_bytes=_int(props, MANIFEST_TARGET_SIZE_BYTES, 8 * 1024 * 1024, minimum=1),
+            commit_num_retries=_int(props, COMMIT_NUM_RETRIES, 4),
+            commit_min_retry_wait_ms=_int(props, COMMIT_MIN_RETRY_WAIT_MS, 100),
+            commit_max_retry_wait_ms=_int(props, COMMIT_MAX_RETRY_WAIT_MS, 60_000),
+            commit_total_retry_time_ms=_int(props, COMMIT_TOTAL_RETRY_TIME_MS, 1_800_000),
+            max_snapshot_age_ms=_int(props, MAX_SNAPSHOT_AGE_MS, 5 * 24 * 3600 * 1000),
+            min_snapshots_to_keep=_int(props, MIN_SNAPSHOTS_TO_KEEP, 1, minimum=1),
+            orphan_min_age_ms=_int(props, ORPHAN_MIN_AGE_MS, 3 * 24 * 3600 * 1000),
+            orphan_interval_ms=_int(props, ORPHAN_INTERVAL_MS, 24 * 3600 * 1000),
+            compaction_min_budget_bytes=_int(props, COMPACTION_MIN_BUDGET_BYTES, 32 * 1024 * 1024, minimum=0),
+            data_path=(props.get(DATA_PATH) or f"{location.rstrip('/')}/data").rstrip("/"),
+            metadata_path=(props.get(METADATA_PATH) or f"{location.rstrip('/')}/metadata").rstrip("/"),
+        )
+
+    @classmethod
+    def of_table(cls, metadata: TableMetadata) -> TableSettings:
+        return cls.of(metadata.properties, metadata.location)
+
+
+# What a table lakesink creates gets unless the write says otherwise: old metadata files
+# are deleted once they drop out of the (bounded) metadata log.
+CREATE_DEFAULTS: Final = {METADATA_DELETE_AFTER_COMMIT: "true"}
+
+
+def validate(props: Mapping[str, str]) -> None:
+    """Raise PropertyError for the first known property whose value cannot be used."""
+    TableSettings.of(props)
