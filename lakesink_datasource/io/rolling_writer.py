@@ -19,6 +19,10 @@ about 120 MB) and the Parquet writer's state. `max_open_files` caps how many sta
 opening one more closes the least recently written file early, trading smaller files for
 bounded memory. `held_bytes` counts both the buffered segments and the open files.
 
+Parquet encoding (the expensive part) runs in one background thread per writer, with at most
+one row group in flight: a Spark task spends most of its time waiting for the JVM's next
+Arrow batches, and the encoding of the previous row group overlaps that wait.
+
 Files roll at `target_file_size` (measured by the output stream position). Because a row
 group's compressed size is only known after writing it, the writer estimates the file's
 compression ratio (bytes written / Arrow bytes written) and caps each row group at the rows
@@ -32,6 +36,7 @@ import logging
 import math
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -78,16 +83,44 @@ class _OpenFile:
     stream: OutputStream
     writer: pq.ParquetWriter
     rows: int = 0
-    arrow_bytes: int = 0
     nan_counts: dict[int, int] = field(default_factory=dict)
-
-    @property
-    def position(self) -> int:
-        return int(self.stream.tell())
+    # Written by the encoder thread once a row group is in the file; read by the writer's
+    # thread for estimates only (a stale value errs by at most the row group in flight).
+    position: int = 0  # bytes in the file after its last encoded row group
+    encoded_arrow_bytes: int = 0  # Arrow bytes of the row groups encoded so far
+    pending_arrow_bytes: int = 0  # Arrow bytes handed to the encoder, not encoded yet
 
     def ratio(self) -> float | None:
         """Parquet bytes per Arrow byte seen so far in this file."""
-        return self.position / self.arrow_bytes if self.arrow_bytes else None
+        return self.position / self.encoded_arrow_bytes if self.encoded_arrow_bytes else None
+
+
+class _Encoder:
+    """One background thread that encodes row groups, at most one at a time in flight."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._inflight: Future[None] | None = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self.wait()  # bounds memory: the next row group waits for the previous one
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakesink-parquet")
+        self._inflight = self._pool.submit(job)
+
+    def wait(self) -> None:
+        """Wait for the row group in flight; its error, if any, is raised here."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            inflight.result()
+
+    def shutdown(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
 
 
 @dataclass(eq=False)
@@ -145,6 +178,8 @@ class PartitionedParquetWriter:
         buffer_limit_bytes: int = 256 * MiB,
         compression: str = "zstd",
         compression_level: int | None = None,
+        page_bytes: int = 1024 * 1024,
+        dictionary_bytes: int = 256 * 1024,
         max_open_files: int | None = None,
     ) -> None:
         if min(target_file_size, row_group_bytes, buffer_limit_bytes) <= 0:
@@ -162,6 +197,8 @@ class PartitionedParquetWriter:
         self._buffer_limit = buffer_limit_bytes
         self._compression = compression
         self._compression_level = compression_level
+        self._page_bytes = page_bytes
+        self._dictionary_bytes = dictionary_bytes
         self._max_open_files = max_open_files
 
         self._partitions: dict[PartitionKey, _Partition] = {}
@@ -177,6 +214,7 @@ class PartitionedParquetWriter:
         self._messages: list[DataFileMessage] = []
         self._closed_rows = 0
         self._closed_bytes = 0
+        self._encoder = _Encoder()
         self._done = False
 
     @property
@@ -267,6 +305,9 @@ class PartitionedParquetWriter:
                 # and decide from the real file size (at most one extra row group per file).
                 self._flush(part)
                 room = self._room(part, segment.bytes_per_row)
+            if room <= 0 and part.file is not None and part.file.pending_arrow_bytes:
+                self._encoder.wait()  # the same for the row group still being encoded
+                room = self._room(part, segment.bytes_per_row)
             if room <= 0:
                 self._roll(part)
                 continue
@@ -295,7 +336,7 @@ class PartitionedParquetWriter:
         left (estimates rarely land exactly on it); an empty file always takes rows.
         """
         ratio = max((part.file.ratio() if part.file else None) or self._ratio_hint, 1e-6)
-        on_disk = part.file.position if part.file else 0
+        on_disk = part.file.position + part.file.pending_arrow_bytes * ratio if part.file else 0
         estimated = on_disk + part.buffered_bytes * ratio
         remaining = self._target - estimated
         if part.assigned_rows > 0 and remaining < self._target * _TAIL_FRACTION:
@@ -326,6 +367,7 @@ class PartitionedParquetWriter:
             self._flush(part)
             if part.file is not None:
                 self._close_file(part)
+        self._encoder.shutdown()
         self._done = True
         self._segments.clear()
         return list(self._messages)
@@ -336,6 +378,10 @@ class PartitionedParquetWriter:
         Safe after any error: every step is best effort and failures are only logged.
         """
         self._done = True
+        try:
+            self._encoder.shutdown()
+        except Exception:  # the write failed anyway; its files are deleted below
+            logger.debug("ignoring an encoding error while aborting", exc_info=True)
         for part in self._partitions.values():
             part.pieces.clear()
             part.buffered_bytes = 0
@@ -405,13 +451,24 @@ class PartitionedParquetWriter:
 
     def _write_row_group(self, part: _Partition, file: _OpenFile, table: pa.Table) -> None:
         self._open.move_to_end(part.key)
-        file.writer.write_table(table, row_group_size=table.num_rows)
-        file.rows += table.num_rows
-        file.arrow_bytes += table.nbytes
+        # The counters below are shared with the encoder thread: update them only while no
+        # row group is in flight.
+        self._encoder.wait()
+        rows, nbytes = table.num_rows, table.nbytes
+        file.rows += rows
+        file.pending_arrow_bytes += nbytes
         add_counts(file.nan_counts, count_nans(table, self._iceberg_schema))
-        ratio = file.ratio()
-        if ratio:
-            self._ratio_hint = ratio
+
+        def encode() -> None:
+            file.writer.write_table(table, row_group_size=rows)
+            file.position = int(file.stream.tell())
+            file.encoded_arrow_bytes += nbytes
+            file.pending_arrow_bytes -= nbytes
+            ratio = file.ratio()
+            if ratio:
+                self._ratio_hint = ratio
+
+        self._encoder.submit(encode)
 
     def _open_file(self, part: _Partition) -> _OpenFile:
         if self._max_open_files is not None:
@@ -428,6 +485,8 @@ class PartitionedParquetWriter:
                 self._arrow_schema,
                 compression=self._compression,
                 compression_level=self._compression_level,
+                data_page_size=self._page_bytes,
+                dictionary_pagesize_limit=self._dictionary_bytes,
                 write_statistics=True,
                 # Iceberg's Parquet mapping stores decimal(P<=18) as INT32/INT64, as Java does.
                 store_decimal_as_integer=True,
@@ -443,9 +502,10 @@ class PartitionedParquetWriter:
     def _close_file(self, part: _Partition) -> None:
         file = part.file
         assert file is not None
+        self._encoder.wait()  # its last row group may still be encoding
         file.writer.close()  # writes the footer
         metadata = file.writer.writer.metadata
-        size = file.position
+        size = int(file.stream.tell())
         file.stream.close()
         # Detach only once closed, so abort() still closes the stream if closing failed.
         part.file = None

@@ -141,6 +141,8 @@ def write_task(
         row_group_bytes=settings.parquet_row_group_bytes,
         compression=settings.parquet_compression,
         compression_level=settings.parquet_compression_level,
+        page_bytes=settings.parquet_page_bytes,
+        dictionary_bytes=settings.parquet_dictionary_bytes,
         # Each open file holds memory of its own (stream buffer, writer state), so a task
         # keeps at most this many open (the least recently written closes).
         max_open_files=MAX_OPEN_FILES,
@@ -151,7 +153,10 @@ def write_task(
     try:
         if plan.keyed is not None:
             keyed = KeyedWriter(plan, metadata, io, writer, splitter, aligner, partition_id=who.partition_id, attempt=who.attempt)
-        for batch in _chunks(batches, CHUNK_ROWS):
+        # Concatenating Spark's batches only pays where they are split (by partition or by key);
+        # an unpartitioned append buffers them as they come (the writer keeps each once).
+        chunk_rows = CHUNK_ROWS if keyed is not None or not splitter.is_unpartitioned else 1
+        for batch in _chunks(batches, chunk_rows):
             rows_in += batch.num_rows
             t0 = time.perf_counter()
             if keyed is not None:
