@@ -35,13 +35,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pyiceberg.catalog import load_catalog
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
     DataFile,
@@ -56,6 +54,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 
+from lakesink_datasource.catalog.table_args import add_table_arguments, check_table_arguments, load_table_from_arguments
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
 from lakesink_datasource.iceberg.manifests import (
     content_offset,
@@ -396,47 +395,16 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m lakesink_datasource.check",
         description="Check an Iceberg table's metadata invariants (row lineage, sequence numbers, DVs, summary totals).",
     )
-    parser.add_argument("table", help="the table as namespace.table")
-    parser.add_argument("--warehouse", help="lakesink's embedded catalog at <DIR>/catalog.db (the default catalog)")
-    parser.add_argument("--catalog", help="a pyiceberg catalog name (configured in .pyiceberg.yaml or by --catalog-prop)")
-    parser.add_argument(
-        "--catalog-prop", action="append", default=[], metavar="KEY=VALUE", help="a catalog property (repeatable)"
-    )
+    add_table_arguments(parser)
     args = parser.parse_args(argv)
-    if args.warehouse and (args.catalog or args.catalog_prop):
-        parser.error("use either --warehouse or --catalog/--catalog-prop, not both")
-    for prop in args.catalog_prop:
-        if "=" not in prop or not prop.split("=", 1)[0]:
-            parser.error(f"--catalog-prop needs KEY=VALUE, got {prop!r}")
+    check_table_arguments(parser, args)
     return args
-
-
-def _load_table(args: argparse.Namespace) -> Table:
-    # The same option parsing and catalog resolution as a write, so the checker opens
-    # exactly the table a write with the same settings would.
-    from lakesink_datasource.catalog import loader
-    from lakesink_datasource.options import parse_options
-
-    raw = {"table": args.table}
-    if args.warehouse:
-        raw["warehouse"] = args.warehouse
-    if args.catalog:
-        raw["catalog"] = args.catalog
-    for prop in args.catalog_prop:
-        key, value = prop.split("=", 1)
-        raw[f"catalog.{key}"] = value
-    options = parse_options(raw)
-    config = loader.catalog_config(options)
-    if options.uses_embedded_catalog and not os.path.exists(os.path.join(options.warehouse, "catalog.db")):
-        # Opening the SQL catalog would create an empty one: a check must not write.
-        raise FileNotFoundError(f"no lakesink catalog at {os.path.join(options.warehouse, 'catalog.db')}")
-    return load_catalog(config.name, **config.properties).load_table(options.table)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     try:
-        table = _load_table(args)
+        table = load_table_from_arguments(args)
     except Exception as exc:  # noqa: BLE001 - a CLI reports, it does not dump a traceback
         print(f"cannot load table {args.table}: {exc}", file=sys.stderr)
         return 2

@@ -3,7 +3,8 @@
 Driver:   DataSource.writer()/streamWriter() -> table.setup.plan_write (resolve/create the
           table, validate, pin its state) -> a picklable writer holding the WritePlan.
 Executor: writer.write(Arrow batches) -> write.task.write_task -> commit message.
-Driver:   writer.commit(messages[, batchId]) -> commit.committer.commit_write (one snapshot).
+Driver:   writer.commit(messages[, batchId]) -> commit.committer.commit_write (one snapshot),
+          then maintenance.after_batch (compaction, orphan removal) unless maintenance=off.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from lakesink_datasource.commit.committer import abort_write, commit_write
+from lakesink_datasource.maintenance.after_batch import maintain_after_commit
 from lakesink_datasource.messages import decode_messages
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.table.plan import WritePlan
@@ -64,7 +66,9 @@ class LakeSinkBatchWriter(DataSourceArrowWriter):
         return write_task(self.plan, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        commit_write(self.plan, decode_messages(messages), batch_id=None)
+        outcome = commit_write(self.plan, decode_messages(messages), batch_id=None)
+        if outcome.snapshot_id is not None:
+            maintain_after_commit(self.plan, outcome.stats.bytes_written, batch_id=None)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         abort_write(self.plan, decode_messages(messages), batch_id=None)
@@ -78,7 +82,9 @@ class LakeSinkStreamWriter(DataSourceStreamArrowWriter):
         return write_task(self.plan, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        commit_write(self.plan, decode_messages(messages), batch_id=batchId)
+        outcome = commit_write(self.plan, decode_messages(messages), batch_id=batchId)
+        if outcome.snapshot_id is not None:
+            maintain_after_commit(self.plan, outcome.stats.bytes_written, batch_id=batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         abort_write(self.plan, decode_messages(messages), batch_id=batchId)

@@ -22,16 +22,6 @@ import pyspark
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.refs import SnapshotRefType
-from pyiceberg.table.snapshots import Snapshot
-from pyiceberg.table.update import (
-    AddSnapshotUpdate,
-    AssertRefSnapshotId,
-    RemoveSnapshotsUpdate,
-    SetPropertiesUpdate,
-    SetSnapshotRefUpdate,
-    TableUpdate,
-)
 from pyroaring import BitMap64
 
 from lakesink_datasource.catalog import loader
@@ -39,10 +29,10 @@ from lakesink_datasource.commit import cleanup
 from lakesink_datasource.commit.data_files import data_file
 from lakesink_datasource.commit.deletion_vectors import PendingDeletes
 from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
+from lakesink_datasource.commit.swap import PreparedCommit, swap_in
 from lakesink_datasource.commit.validation import ConflictError
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg import summary_keys as keys
-from lakesink_datasource.iceberg.compat import v3_metadata_writes
 from lakesink_datasource.iceberg.expiry import snapshots_to_expire
 from lakesink_datasource.iceberg.partition_key import decode_partition
 from lakesink_datasource.iceberg.properties import TableSettings
@@ -129,16 +119,6 @@ def _refuse_keys_on_several_hosts(results: list[TaskResult]) -> None:
             seen = keys
 
 
-@dataclass
-class _Attempt:
-    """One compare-and-swap: the base it was built on, what it changes, what it expires."""
-
-    base: TableMetadata
-    snapshot: Snapshot
-    properties: dict[str, str]
-    expired: list[int]
-
-
 def _pending_properties(plan: WritePlan, base: TableMetadata, query_id: str | None, batch_id: int | None) -> dict[str, str]:
     """Table properties this commit sets: the write's `property.<key>` options that differ from
     the table's, and the query's last committed epoch (replay detection that survives expiry)."""
@@ -151,7 +131,7 @@ def _pending_properties(plan: WritePlan, base: TableMetadata, query_id: str | No
 def _attempt(
     producer: SnapshotProducer, plan: WritePlan, table: Table, attempt: int, extra: dict[str, str],
     query_id: str | None, batch_id: int | None,
-) -> _Attempt:
+) -> PreparedCommit:
     base = table.metadata
     snapshot = producer.produce(base, attempt, extra)
     expired: list[int] = []
@@ -160,35 +140,10 @@ def _attempt(
         expired = snapshots_to_expire(
             base, snapshot.timestamp_ms, settings.max_snapshot_age_ms, settings.min_snapshots_to_keep, new_head=snapshot
         )
-    return _Attempt(base, snapshot, _pending_properties(plan, base, query_id, batch_id), expired)
+    return PreparedCommit(base, snapshot, _pending_properties(plan, base, query_id, batch_id), expired)
 
 
-def _commit_once(table: Table, attempt: _Attempt) -> Table:
-    """Swap the attempt in if main still is its parent; returns the table as committed."""
-    parent = attempt.base.current_snapshot()
-    updates: list[TableUpdate] = [
-        AddSnapshotUpdate(snapshot=attempt.snapshot),
-        SetSnapshotRefUpdate(
-            ref_name="main", type=SnapshotRefType.BRANCH, snapshot_id=attempt.snapshot.snapshot_id,
-            max_ref_age_ms=None, max_snapshot_age_ms=None, min_snapshots_to_keep=None,
-        ),
-    ]
-    if attempt.properties:
-        updates.append(SetPropertiesUpdate(updates=attempt.properties))
-    if attempt.expired:
-        updates.append(RemoveSnapshotsUpdate(snapshot_ids=attempt.expired))
-    with v3_metadata_writes():
-        response = table.catalog.commit_table(
-            table,
-            requirements=(AssertRefSnapshotId(ref="main", snapshot_id=parent.snapshot_id if parent else None),),
-            updates=tuple(updates),
-        )
-    return Table(
-        table.name(), metadata=response.metadata, metadata_location=response.metadata_location, io=table.io, catalog=table.catalog
-    )
-
-
-def _after_commit(table: Table, before: Table, attempt: _Attempt) -> int:
+def _after_commit(table: Table, before: Table, attempt: PreparedCommit) -> int:
     """Delete what the commit made unreferenced; returns how many files went."""
     deleted = cleanup.delete_files(table.io, cleanup.dropped_metadata_files(before.metadata, before.metadata_location, table.metadata))
     if attempt.expired:
@@ -252,7 +207,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
             producer.cleanup(committed_attempt=None)
             raise CommitError(str(exc)) from exc
         try:
-            committed = _commit_once(table, attempt)
+            committed = swap_in(table, attempt)
         except CommitFailedException as exc:
             log.info("lakesink: commit attempt %d lost a race (%s); retrying on the new table state", attempt_number + 1, exc)
             table = catalog.load_table(plan.identifier)
@@ -268,6 +223,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
         producer.cleanup(committed_attempt=attempt_number)
         fault_point("after_commit", batch_id)
         snapshot = attempt.snapshot
+        assert snapshot is not None  # a batch commit always adds one
         removed = _after_commit(committed, table, attempt)
         log.info(
             "lakesink: committed snapshot %d (%s) batch=%s rows_in=%d rows_written=%d rows_deleted=%d "

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
 from pyiceberg.io import FileIO
@@ -30,7 +30,7 @@ from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 
 from lakesink_datasource.commit.deletion_vectors import PendingDeletes, write_deletion_vectors
 from lakesink_datasource.commit.manifest_merge import merge_manifests
-from lakesink_datasource.commit.validation import validate_delete_targets_exist
+from lakesink_datasource.commit.validation import validate_delete_targets_exist, validate_rewritten_files_unchanged
 from lakesink_datasource.iceberg.live_files import live_deletion_vectors
 from lakesink_datasource.iceberg.manifest_list import ManifestListWriter, read_manifest_list
 from lakesink_datasource.iceberg.manifests import read_entries, referenced_data_file, write_manifest
@@ -49,8 +49,9 @@ def new_snapshot_id() -> int:
 @dataclass
 class RowDelta:
     """What one commit changes: data files added, row positions hidden (turned into DVs
-    merged with each file's live DV in the attempt's base), or, with `replace_all`, every
-    live file removed first (overwrite)."""
+    merged with each file's live DV in the attempt's base), data files removed with their
+    DVs (a compaction: `rewritten`), or, with `replace_all`, every live file removed first
+    (overwrite)."""
 
     added_data_files: list[DataFile] = field(default_factory=list)
     position_deletes: dict[str, PendingDeletes] = field(default_factory=dict)
@@ -59,15 +60,20 @@ class RowDelta:
     # A snapshot is committed even without file changes when it must record something in
     # its summary (e.g. the tombstones of deletes of absent keys).
     record_only: bool = False
+    # Data files this commit removes, each with the DV (Puffin path and offset) it had when
+    # the rewrite read it, None for none: the rows were rewritten from exactly that state.
+    rewritten: Mapping[str, tuple[str, int | None] | None] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
-        changes = self.added_data_files or self.position_deletes or self.replace_all
+        changes = self.added_data_files or self.position_deletes or self.replace_all or self.rewritten
         return not changes and not self.record_only
 
     def operation(self) -> Operation:
         if self.replace_all:
             return Operation.OVERWRITE
+        if self.rewritten and not self.position_deletes:
+            return Operation.REPLACE
         if self.position_deletes:
             return Operation.OVERWRITE if self.added_data_files else Operation.DELETE
         return Operation.APPEND
@@ -112,7 +118,8 @@ class SnapshotProducer:
         dv_manifests = self._deletes(base, state)
         for f in self._delta.added_data_files + state.deletion_vectors:
             state.counts.add(f, self._partition_path(base, f))
-        carried = self._carry_over(base, state.counts, self._replaced_dv_targets(state.deletion_vectors))
+        dropped_dvs = self._replaced_dv_targets(state.deletion_vectors) | set(self._delta.rewritten)
+        carried = self._carry_over(base, state.counts, dropped_dvs, set(self._delta.rewritten))
         manifests = merge_manifests(
             self._io,
             self._added_manifests + dv_manifests + carried,
@@ -133,6 +140,8 @@ class SnapshotProducer:
                 added=(f.file_path for f in self._delta.added_data_files),
                 planned_snapshot_id=self._delta.planned_snapshot_id,
             )
+        if self._delta.rewritten:
+            validate_rewritten_files_unchanged(self._io, base, self._delta.rewritten)
 
     # -- step 2: deletes ------------------------------------------------------------------
 
@@ -156,8 +165,11 @@ class SnapshotProducer:
         """Data files whose live DV this commit replaces: every file it adds a DV for."""
         return {p for p in (referenced_data_file(f) for f in added_dvs) if p is not None}
 
-    def _carry_over(self, base: TableMetadata, counts: ChangeCounts, replaced_dvs: set[str]) -> list[ManifestFile]:
-        """The base's manifests as they stand after this delta's removals."""
+    def _carry_over(
+        self, base: TableMetadata, counts: ChangeCounts, replaced_dvs: Set[str], removed_files: Set[str]
+    ) -> list[ManifestFile]:
+        """The base's manifests as they stand after this delta's removals: data files it
+        rewrote, and DVs it replaces or whose data file it removes."""
         parent = base.current_snapshot()
         if parent is None:
             return []
@@ -177,6 +189,13 @@ class SnapshotProducer:
                 removed = [e for e in live if referenced_data_file(e.data_file) in replaced_dvs]
                 if removed:
                     others = [e for e in live if referenced_data_file(e.data_file) not in replaced_dvs]
+                    kept.append(self._rewrite(base, manifest, others, removed, counts))
+                    continue
+            if manifest.content == ManifestContent.DATA and removed_files:
+                live = read_entries(self._io, manifest)
+                removed = [e for e in live if e.data_file.file_path in removed_files]
+                if removed:
+                    others = [e for e in live if e.data_file.file_path not in removed_files]
                     kept.append(self._rewrite(base, manifest, others, removed, counts))
                     continue
             kept.append(manifest)

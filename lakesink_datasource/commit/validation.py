@@ -9,16 +9,16 @@ checks: each rule is a named function, run by `SnapshotProducer.validate` on eve
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
 from pyiceberg.table.metadata import TableMetadata
 
 from lakesink_datasource.iceberg.history import snapshots_after
-from lakesink_datasource.iceberg.live_files import live_data_files
+from lakesink_datasource.iceberg.live_files import live_data_files, live_deletion_vectors
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
-from lakesink_datasource.iceberg.manifests import read_entries
+from lakesink_datasource.iceberg.manifests import content_offset, read_entries
 
 
 class ConflictError(RuntimeError):
@@ -55,6 +55,28 @@ def validate_delete_targets_exist(
         "a failed task attempt's rows were seen by other tasks of the batch; the batch is refused "
         "(restart the query: the replay resolves the keys again)"
     )
+
+
+def validate_rewritten_files_unchanged(
+    io: FileIO, base: TableMetadata, rewritten: Mapping[str, tuple[str, int | None] | None]
+) -> None:
+    """Every data file a compaction replaces is still live in the base, with the very DV it
+    had when its rows were read (Java: `validateDeletedFiles` + `validateNoNewDeletesForDataFiles`).
+
+    Otherwise a row deleted since the read would come back in the rewritten file, or the
+    rewrite would drop rows another commit already moved.
+    """
+    snapshot = base.current_snapshot()
+    live = {e.data_file.file_path for e in live_data_files(io, snapshot)}
+    gone = sorted(set(rewritten) - live)
+    if gone:
+        raise ConflictError(f"data file {gone[0]} (and {len(gone) - 1} more) to be rewritten was removed concurrently")
+    dvs = live_deletion_vectors(io, snapshot)
+    for path, read_with in rewritten.items():
+        entry = dvs.get(path)
+        now = None if entry is None else (entry.data_file.file_path, content_offset(entry.data_file))
+        if now != read_with:
+            raise ConflictError(f"data file {path} got new deletes concurrently; its rewrite is out of date")
 
 
 def _removed_by(

@@ -10,6 +10,7 @@ QUERY_ID = "spark.sql.streaming.queryId"
 EPOCH_ID = "spark.sql.streaming.epochId"
 WRITE_ID = "lakesink.write-id"  # unique per planned write: recognises a commit after a lost response
 HOSTS = "lakesink.hosts"  # hosts whose tasks contributed to a keyed batch
+COMPACTION = "lakesink.compaction"  # "true" on the replace snapshots of lakesink's compaction
 TOMBSTONES = "lakesink.tombstones"  # Parquet files of a batch's sequenced deletes
 ENGINE_NAME = "engine-name"
 ENGINE_VERSION = "engine-version"

@@ -315,6 +315,27 @@ class KeyIndex:
         txn.put(_META_NEXT_ORDINAL, _U32BE.pack(next_ordinal), db=self._meta)
         return result
 
+    def forget_files(self, paths: Iterable[str]) -> int:
+        """Drop the ordinals of data files the table no longer has (no key points into them
+        any more), so the file table does not grow with every file ever written."""
+
+        def drop(txn: _Txn) -> int:
+            gone = 0
+            for path in paths:
+                key = self._fit(b"p" + path.encode())
+                raw = txn.get(key, db=self._files)
+                if raw is not None:
+                    txn.delete(key, db=self._files)
+                    txn.delete(b"o" + raw, db=self._files)
+                    gone += 1
+            return gone
+
+        return self._write(drop)
+
+    def file_count(self) -> int:
+        """Data files the index has ordinals for."""
+        return self._read(lambda txn: txn.stat(self._files)["entries"]) // 2
+
     def file_path(self, ordinal: int) -> str:
         raw = self._read(lambda txn: txn.get(b"o" + _U32BE.pack(ordinal), db=self._files))
         if raw is None:

@@ -9,9 +9,10 @@ Before a task uses the index (under the host lock, so once per host and batch):
    see its failed attempt's rows);
 2. walking the snapshots between the index's state and the planned one: a lakesink
    snapshot whose changes were all made on this host commits its tokens; a plain append by
-   another writer is indexed incrementally (its new files are read); anything else (a
-   compaction, another writer's deletes, a multi-host batch, expired history, a different
-   table, no index at all) rebuilds the index from the planned snapshot;
+   another writer is indexed incrementally (its new files are read), and so is a compaction
+   (`replace`: the keys of its new files are pointed at their new places, the removed
+   files forgotten); anything else (another writer's deletes, a multi-host batch, expired
+   history, a different table, no index at all) rebuilds the index from the planned snapshot;
 3. tokens of writes that never reached the table are rolled back (undo);
 4. the state becomes the planned snapshot.
 Deleting the index directory is therefore always safe: the next task rebuilds it.
@@ -171,6 +172,23 @@ def _added_files(io: FileIO, metadata: TableMetadata, snapshot: Snapshot) -> lis
     return out
 
 
+def _removed_file_refs(io: FileIO, metadata: TableMetadata, snapshot: Snapshot) -> list[str]:
+    """The index's names (encoded file refs) of the data files `snapshot` removed."""
+    out = []
+    schema = metadata.schema()
+    for manifest in read_manifest_list(io, snapshot.manifest_list):
+        if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
+            continue
+        if not manifest.deleted_files_count:
+            continue
+        for e in read_entries(io, manifest, live_only=False):
+            if e.status == ManifestEntryStatus.DELETED:
+                f = e.data_file
+                partition = encode_partition(metadata.specs()[f.spec_id], schema, f.partition)
+                out.append(encode_ref(FileRef(f.file_path, f.spec_id, partition)))
+    return out
+
+
 def sync(
     index: KeyIndex,
     io: FileIO,
@@ -217,6 +235,15 @@ def sync(
             token = f"catchup-{snapshot.snapshot_id}"
             index_files(index, io, metadata, _added_files(io, metadata, snapshot), columns, token)
             index.commit_tokens([token])
+            continue
+        if summary is not None and summary.operation == Operation.REPLACE and not tokens:
+            # A compaction (lakesink's or another engine's): the same live rows in new files.
+            # Every live row of the removed files is in the added ones, so pointing each key
+            # of the added files at its new place moves exactly the keys that moved.
+            token = f"replace-{snapshot.snapshot_id}"
+            index_files(index, io, metadata, _added_files(io, metadata, snapshot), columns, token)
+            index.commit_tokens([token])
+            index.forget_files(_removed_file_refs(io, metadata, snapshot))
             continue
         rebuild(index, io, metadata, columns)
         return

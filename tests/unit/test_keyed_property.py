@@ -17,9 +17,12 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 from keyed_model import Config, Harness, Model, label_batches, micro_batches
+from lakesink_testing import duckdb_connection
+
+from lakesink_datasource.maintenance.compaction import compact
 
 PARTITIONS = st.sampled_from([None, "bucket(4, id)", "days(ts)"])
 SETTINGS = settings(
@@ -91,3 +94,39 @@ def test_dedupe_keeps_the_same_duplicate_however_a_task_input_is_split() -> None
             model.apply_batch([task])
             assert model.live[0]["v"] == "first"  # the model: dedupe inserts a key's first row
             harness.assert_matches(model.expected(), f"dedupe, task input split={split}")
+
+
+def _lineage(harness: Harness) -> dict:
+    """id -> (_row_id, _last_updated_sequence_number), as DuckDB reads the table."""
+    table = harness.table()
+    if table.metadata.current_snapshot() is None:
+        return {}
+    got = duckdb_connection().execute(
+        f"SELECT id, _row_id, _last_updated_sequence_number FROM iceberg_scan('{table.metadata_location}')"
+    ).fetchall()
+    return {r[0]: (r[1], r[2]) for r in got}
+
+
+@pytest.mark.parametrize(("operation", "sequence"), [("cdc", True), ("upsert", False)], ids=["cdc-seq", "upsert-noseq"])
+@SETTINGS
+@given(data=st.data())
+def test_lakesink_compaction_between_keyed_batches_keeps_rows_and_row_ids(operation: str, sequence: bool, data: st.DataObject) -> None:
+    """After some batches lakesink's own compaction rewrites the table's files: the rows stay
+    the model's, every row keeps its `_row_id` and `_last_updated_sequence_number`, and the
+    next batches (through the moved index) still match the model."""
+    config = Config(operation, data.draw(PARTITIONS, label="partition_by"), sequence)
+    labelled = label_batches(config, data.draw(micro_batches(operation, sequence, 2, 5), label="batches"))
+    compact_after = data.draw(st.lists(st.booleans(), min_size=len(labelled), max_size=len(labelled)), label="compact_after")
+    with Harness(config) as harness:
+        model = Model(config)
+        for batch_id, batch in enumerate(labelled):
+            harness.run_batch(batch, batch_id)
+            model.apply_batch(batch)
+            harness.assert_matches(model.expected(), f"after batch {batch_id}")
+            if compact_after[batch_id] and harness.table().metadata.current_snapshot() is not None:
+                lineage = _lineage(harness)
+                result = compact(harness.table(), budget_bytes=1 << 40, tiered=False)
+                note(f"after batch {batch_id}: {result.describe()}")
+                event("compacted" if result.snapshot_id is not None else "nothing to compact")
+                harness.assert_matches(model.expected(), f"after compacting after batch {batch_id}")
+                assert _lineage(harness) == lineage, "a compacted row changed its row id or last-updated sequence"

@@ -1,0 +1,50 @@
+"""Command-line arguments naming a table, shared by the `check` and `maintain` tools.
+
+They go through the same option parsing and catalog resolution as a write, so a tool opens
+exactly the table a write with the same settings would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from pyiceberg.catalog import load_catalog
+from pyiceberg.table import Table
+
+from lakesink_datasource.catalog import loader
+from lakesink_datasource.options import parse_options
+
+
+def add_table_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("table", help="the table as namespace.table")
+    parser.add_argument("--warehouse", help="lakesink's embedded catalog at <DIR>/catalog.db (the default catalog)")
+    parser.add_argument("--catalog", help="a pyiceberg catalog name (configured in .pyiceberg.yaml or by --catalog-prop)")
+    parser.add_argument(
+        "--catalog-prop", action="append", default=[], metavar="KEY=VALUE", help="a catalog property (repeatable)"
+    )
+
+
+def check_table_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.warehouse and (args.catalog or args.catalog_prop):
+        parser.error("use either --warehouse or --catalog/--catalog-prop, not both")
+    for prop in args.catalog_prop:
+        if "=" not in prop or not prop.split("=", 1)[0]:
+            parser.error(f"--catalog-prop needs KEY=VALUE, got {prop!r}")
+
+
+def load_table_from_arguments(args: argparse.Namespace) -> Table:
+    raw = {"table": args.table}
+    if args.warehouse:
+        raw["warehouse"] = args.warehouse
+    if args.catalog:
+        raw["catalog"] = args.catalog
+    for prop in args.catalog_prop:
+        key, value = prop.split("=", 1)
+        raw[f"catalog.{key}"] = value
+    options = parse_options(raw)
+    config = loader.catalog_config(options)
+    if options.uses_embedded_catalog and not os.path.exists(os.path.join(options.warehouse, "catalog.db")):
+        # Opening the SQL catalog would create an empty one: a tool must not write one.
+        raise FileNotFoundError(f"no lakesink catalog at {os.path.join(options.warehouse, 'catalog.db')}")
+    return load_catalog(config.name, **config.properties).load_table(options.table)

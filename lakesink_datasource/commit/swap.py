@@ -1,0 +1,64 @@
+"""The catalog commit itself: one compare-and-swap of the main branch.
+
+Kept apart from snapshot production (as Iceberg Java keeps `SnapshotProducer` apart from
+the commit): the producer builds a snapshot against a base, `swap_in` lands it only if main
+still points at that base's snapshot, together with the property changes and the snapshot
+expiry that travel with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import SnapshotRefType
+from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.update import (
+    AddSnapshotUpdate,
+    AssertRefSnapshotId,
+    RemoveSnapshotsUpdate,
+    SetPropertiesUpdate,
+    SetSnapshotRefUpdate,
+    TableUpdate,
+)
+
+from lakesink_datasource.iceberg.compat import v3_metadata_writes
+
+
+@dataclass
+class PreparedCommit:
+    """One compare-and-swap: the base it was built on, what it changes, what it expires."""
+
+    base: TableMetadata
+    snapshot: Snapshot | None  # None: only properties and expiry (e.g. `maintain expire`)
+    properties: dict[str, str] = field(default_factory=dict)
+    expired: list[int] = field(default_factory=list)
+
+
+def swap_in(table: Table, prepared: PreparedCommit) -> Table:
+    """Commit `prepared` if main still is its base's snapshot (CommitFailedException if not);
+    returns the table as committed."""
+    parent = prepared.base.current_snapshot()
+    updates: list[TableUpdate] = []
+    if prepared.snapshot is not None:
+        updates += [
+            AddSnapshotUpdate(snapshot=prepared.snapshot),
+            SetSnapshotRefUpdate(
+                ref_name="main", type=SnapshotRefType.BRANCH, snapshot_id=prepared.snapshot.snapshot_id,
+                max_ref_age_ms=None, max_snapshot_age_ms=None, min_snapshots_to_keep=None,
+            ),
+        ]
+    if prepared.properties:
+        updates.append(SetPropertiesUpdate(updates=prepared.properties))
+    if prepared.expired:
+        updates.append(RemoveSnapshotsUpdate(snapshot_ids=prepared.expired))
+    with v3_metadata_writes():
+        response = table.catalog.commit_table(
+            table,
+            requirements=(AssertRefSnapshotId(ref="main", snapshot_id=parent.snapshot_id if parent else None),),
+            updates=tuple(updates),
+        )
+    return Table(
+        table.name(), metadata=response.metadata, metadata_location=response.metadata_location, io=table.io, catalog=table.catalog
+    )

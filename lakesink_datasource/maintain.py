@@ -1,0 +1,157 @@
+"""Table maintenance for batch users and operators: the same steps a stream runs by itself.
+
+    python -m lakesink_datasource.maintain compact        db.events --warehouse /data/wh
+    python -m lakesink_datasource.maintain expire         db.events --warehouse /data/wh
+    python -m lakesink_datasource.maintain remove-orphans db.events --warehouse /data/wh --dry-run
+    python -m lakesink_datasource.maintain all            db.events --catalog prod
+
+`compact` merges every partition's small files (not only a budget's worth, as a stream
+does) and drops fully deleted ones, row lineage kept; `expire` follows the table's
+`history.expire.*` properties (or `--older-than-hours`); `remove-orphans` deletes files no
+snapshot references that are older than the safety age (default: the table's
+`lakesink.maintenance.orphan-min-age-ms`, 3 days). `all` runs the three in that order.
+`--dry-run` reports what would happen and changes nothing.
+
+The Python API is `maintain_table(table, action, ...)`, returning the same report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from pyiceberg.table import Table
+
+from lakesink_datasource.catalog.table_args import add_table_arguments, check_table_arguments, load_table_from_arguments
+from lakesink_datasource.iceberg.properties import TableSettings
+from lakesink_datasource.maintenance.compaction import CompactionResult, compact, plan_for
+from lakesink_datasource.maintenance.expire import ExpiryResult, expire_snapshots
+from lakesink_datasource.maintenance.orphans import OrphanScan, remove_orphans
+
+ACTIONS = ("compact", "expire", "remove-orphans", "all")
+UNLIMITED = 1 << 62
+
+
+@dataclass
+class MaintenanceReport:
+    dry_run: bool
+    compaction: CompactionResult | None = None
+    expiry: ExpiryResult | None = None
+    orphans: OrphanScan | None = None
+    lines: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return "\n".join(self.lines)
+
+
+class _ProgressBar:
+    """A one-line progress bar on a terminal; silent when output is not one."""
+
+    def __init__(self, label: str, total: int, unit: str, out: TextIO | None) -> None:
+        self._label, self._total, self._unit, self._out = label, max(total, 1), unit, out
+        self._done = 0
+        self._shown = 0.0
+
+    def advance(self, amount: int) -> None:
+        self._done += amount
+        now = time.monotonic()
+        if self._out is not None and (now - self._shown > 0.2 or self._done >= self._total):
+            self._shown = now
+            width = 30
+            filled = min(width, int(width * self._done / self._total))
+            self._out.write(f"\r{self._label} [{'#' * filled}{'.' * (width - filled)}] {self._done:,}/{self._total:,} {self._unit}")
+            self._out.flush()
+
+    def finish(self) -> None:
+        if self._out is not None and self._done:
+            self._out.write("\n")
+
+
+def maintain_table(
+    table: Table,
+    action: str,
+    *,
+    dry_run: bool = False,
+    target_file_size: int | None = None,
+    older_than_ms: int | None = None,
+    orphan_min_age_ms: int | None = None,
+    progress_to: TextIO | None = None,
+) -> MaintenanceReport:
+    """Run one maintenance action (`compact`, `expire`, `remove-orphans` or `all`)."""
+    if action not in ACTIONS:
+        raise ValueError(f"unknown action {action!r}: use one of {', '.join(ACTIONS)}")
+    report = MaintenanceReport(dry_run)
+    bar: Callable[[str, int, str], _ProgressBar] = lambda label, total, unit: _ProgressBar(label, total, unit, progress_to)  # noqa: E731
+    if action in ("compact", "all"):
+        plan, _ = plan_for(table, UNLIMITED, target_file_size, tiered=False)
+        progress = bar("compact", sum(g.bytes for g in plan.groups), "bytes")
+        report.compaction = compact(
+            table, budget_bytes=UNLIMITED, target_file_size=target_file_size, dry_run=dry_run, tiered=False,
+            progress=progress.advance,
+        )
+        progress.finish()
+        table = table.refresh()
+        verb = "would rewrite" if dry_run else "compaction"
+        report.lines.append(f"{verb}: {report.compaction.describe()}" if report.compaction.skipped_reason != "nothing to compact"
+                            else "compaction: nothing to compact")
+    if action in ("expire", "all"):
+        report.expiry = expire_snapshots(table, max_age_ms=older_than_ms, dry_run=dry_run)
+        table = table.refresh()
+        report.lines.append(f"expiry: {report.expiry.describe(dry_run)}")
+    if action in ("remove-orphans", "all"):
+        age = TableSettings.of_table(table.metadata).orphan_min_age_ms if orphan_min_age_ms is None else orphan_min_age_ms
+        progress = bar("scan", 0, "files")
+        report.orphans = remove_orphans(table, min_age_ms=age, dry_run=dry_run, progress=progress.advance)
+        progress.finish()
+        report.lines.append(f"orphans: {report.orphans.describe(dry_run)}")
+    return report
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m lakesink_datasource.maintain",
+        description="Compact small files, expire snapshots, remove orphan files of a table lakesink writes.",
+    )
+    parser.add_argument("action", choices=ACTIONS)
+    add_table_arguments(parser)
+    parser.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
+    parser.add_argument("--target-file-size", type=int, metavar="BYTES", help="compaction's output size (default: the table's)")
+    parser.add_argument("--older-than-hours", type=float, help="expire snapshots older than this (default: the table's history.expire.*)")
+    parser.add_argument("--orphan-min-age-hours", type=float, help="only remove orphans older than this (default: 72)")
+    args = parser.parse_args(argv)
+    check_table_arguments(parser, args)
+    for name in ("target_file_size", "older_than_hours", "orphan_min_age_hours"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse_args(argv)
+    try:
+        table = load_table_from_arguments(args)
+    except Exception as exc:  # noqa: BLE001 - a CLI reports, it does not dump a traceback
+        print(f"cannot load table {args.table}: {exc}", file=sys.stderr)
+        return 2
+    hours = 3600 * 1000
+    report = maintain_table(
+        table,
+        args.action,
+        dry_run=args.dry_run,
+        target_file_size=args.target_file_size,
+        older_than_ms=None if args.older_than_hours is None else int(args.older_than_hours * hours),
+        orphan_min_age_ms=None if args.orphan_min_age_hours is None else int(args.orphan_min_age_hours * hours),
+        progress_to=sys.stderr if sys.stderr.isatty() else None,
+    )
+    print(f"{args.table}{' (dry run: nothing changed)' if args.dry_run else ''}")
+    print(report.summary())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""`maintenance=auto`: what runs in the driver's commit process after each committed batch.
+
+Snapshot expiry and the bounded metadata log already travel inside the batch's own commit;
+this adds the two steps that cannot: compaction (its own `replace` snapshot, within a
+budget per batch) and, at most once per `lakesink.maintenance.orphan-interval-ms` per
+process, orphan-file removal in a background thread. Neither may fail or stall the stream:
+errors are logged and the batch stays committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from pyiceberg.table import Table
+
+from lakesink_datasource.catalog import loader
+from lakesink_datasource.iceberg.properties import TableSettings
+from lakesink_datasource.maintenance.compaction import CompactionResult, compact
+from lakesink_datasource.maintenance.orphans import remove_orphans
+from lakesink_datasource.table.plan import WritePlan
+
+log = logging.getLogger("lakesink")
+
+# Per batch, compaction may rewrite this many times the bytes the batch wrote (at least the
+# table's compaction-min-bytes-per-batch): a byte of a stream is rewritten about once per size
+# class (~7 classes up to 512 MiB files), so this keeps up while bounding the batch's latency.
+BUDGET_FACTOR = 8
+
+_orphan_scans: dict[str, float] = {}  # table uuid -> monotonic time of this process's last scan
+_orphan_lock = threading.Lock()
+
+
+def compaction_budget(settings: TableSettings, batch_bytes: int) -> int:
+    return max(settings.compaction_min_budget_bytes, BUDGET_FACTOR * batch_bytes)
+
+
+def maintain_after_commit(plan: WritePlan, batch_bytes: int, batch_id: int | None) -> CompactionResult | None:
+    if plan.options.maintenance != "auto":
+        return None
+    try:
+        table = loader.load(plan.catalog).load_table(plan.identifier)
+        settings = TableSettings.of_table(table.metadata)
+        result = compact(table, budget_bytes=compaction_budget(settings, batch_bytes), batch_id=batch_id)
+        if result.snapshot_id is not None:
+            log.info("lakesink: compaction after batch %s: %s in %.3f s", batch_id, result.describe(), result.seconds)
+        elif result.skipped_reason not in (None, "nothing to compact"):
+            log.info("lakesink: compaction after batch %s skipped: %s", batch_id, result.describe())
+        _maybe_remove_orphans(table, settings)
+        return result
+    except Exception:
+        log.warning("lakesink: maintenance after batch %s failed; the batch is committed, the next one retries", batch_id, exc_info=True)
+        return None
+
+
+def _maybe_remove_orphans(table: Table, settings: TableSettings) -> None:
+    uuid = str(table.metadata.table_uuid)
+    now = time.monotonic()
+    with _orphan_lock:
+        last = _orphan_scans.get(uuid)
+        if last is not None and now - last < settings.orphan_interval_ms / 1000:
+            return
+        _orphan_scans[uuid] = now
+
+    def scan() -> None:
+        try:
+            found = remove_orphans(table, min_age_ms=settings.orphan_min_age_ms)
+            if found.orphans:
+                log.info("lakesink: %s", found.describe(dry_run=False))
+        except Exception:
+            log.warning("lakesink: orphan-file removal failed", exc_info=True)
+
+    threading.Thread(target=scan, name="lakesink-orphans", daemon=True).start()

@@ -1,0 +1,162 @@
+"""Small-file compaction: plan, rewrite, and land one `replace` snapshot, or nothing.
+
+Used in two places: after every micro-batch's commit when `maintenance=auto` (with a byte
+budget, so a batch's latency stays flat), and by `python -m lakesink_datasource.maintain
+compact` (with a large one). In a stream it runs in the driver's commit process right after
+the batch landed and before Spark plans the next batch, so the stream's own writes and its
+compaction are ordered and never conflict (docs/maintenance.md says why this design).
+
+The snapshot lands only on the exact state the rewrite read (one compare-and-swap against
+it, validated again as a named step), so a concurrent writer is never overruled: if anything
+committed in between, the rewrite is dropped and its files deleted, and the next batch
+tries again. Compaction never raises into the stream: any failure is logged and undone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.manifest import ManifestEntry
+from pyiceberg.table import Table
+
+from lakesink_datasource.commit.cleanup import delete_files, dropped_metadata_files
+from lakesink_datasource.commit.data_files import data_file
+from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
+from lakesink_datasource.commit.swap import PreparedCommit, swap_in
+from lakesink_datasource.commit.validation import ConflictError
+from lakesink_datasource.faults import fault_point
+from lakesink_datasource.iceberg import summary_keys as keys
+from lakesink_datasource.iceberg.live_files import live_data_files, live_deletion_vectors
+from lakesink_datasource.iceberg.manifests import content_offset
+from lakesink_datasource.iceberg.partition_key import encode_partition
+from lakesink_datasource.iceberg.properties import TableSettings
+from lakesink_datasource.maintenance.compaction_plan import CompactionPlan, FileStats, plan_compaction
+from lakesink_datasource.maintenance.rewrite import RewriteInput, rewrite_files
+from lakesink_datasource.version import __version__
+
+log = logging.getLogger("lakesink")
+
+
+@dataclass(frozen=True)
+class CompactionResult:
+    snapshot_id: int | None  # None: nothing committed (nothing to do, dry run, or dropped)
+    files_rewritten: int  # input data files replaced by new ones
+    files_dropped: int  # data files whose every row was deleted
+    files_written: int
+    dvs_removed: int
+    bytes_read: int
+    bytes_written: int
+    seconds: float
+    skipped_reason: str | None = None
+
+    def describe(self) -> str:
+        what = (
+            f"rewrote {self.files_rewritten} data file(s) ({self.bytes_read:,} bytes) into {self.files_written} "
+            f"({self.bytes_written:,} bytes), dropped {self.files_dropped} fully deleted file(s), removed {self.dvs_removed} DV(s)"
+        )
+        return what if self.skipped_reason is None else f"{what}: not committed ({self.skipped_reason})"
+
+
+def plan_for(
+    table: Table, budget_bytes: int, target_file_size: int | None = None, *, tiered: bool = True
+) -> tuple[CompactionPlan, dict[str, RewriteInput]]:
+    """The compaction worth doing on the table's current state, within `budget_bytes`."""
+    metadata = table.metadata
+    snapshot = metadata.current_snapshot()
+    spec = metadata.spec()
+    schema = metadata.schema()
+    settings = TableSettings.of_table(metadata)
+    dvs = live_deletion_vectors(table.io, snapshot)
+    inputs: dict[str, RewriteInput] = {}
+    stats: list[FileStats] = []
+    for entry in live_data_files(table.io, snapshot):
+        f = entry.data_file
+        if f.spec_id != spec.spec_id:
+            continue  # files of an older partition spec: a rewrite would need re-partitioning
+        dv = dvs.get(f.file_path)
+        inputs[f.file_path] = RewriteInput(entry, dv)
+        key = (f.spec_id, encode_partition(spec, schema, f.partition))
+        stats.append(FileStats(f.file_path, key, f.file_size_in_bytes, f.record_count, dv.data_file.record_count if dv else 0))
+    plan = plan_compaction(stats, target_file_size or settings.target_file_size_bytes, budget_bytes, tiered=tiered)
+    return plan, inputs
+
+
+def _dv_identity(dv: ManifestEntry | None) -> tuple[str, int | None] | None:
+    return None if dv is None else (dv.data_file.file_path, content_offset(dv.data_file))
+
+
+def compact(
+    table: Table,
+    *,
+    budget_bytes: int,
+    target_file_size: int | None = None,
+    dry_run: bool = False,
+    tiered: bool = True,
+    progress: Callable[[int], None] | None = None,
+    batch_id: int | None = None,
+) -> CompactionResult:
+    """Rewrite the small (or mostly deleted) files the planner picks and commit the result
+    as one `replace` snapshot on exactly the state that was read. `progress` gets the bytes
+    of each input file once it is rewritten; `tiered=False` merges all small files of a
+    partition (see `plan_compaction`)."""
+    started = time.perf_counter()
+    plan, inputs = plan_for(table, budget_bytes, target_file_size, tiered=tiered)
+    chosen = [inputs[f.path] for g in plan.groups for f in g.files]
+    dropped = [inputs[f.path] for f in plan.dropped]
+    every = chosen + dropped
+    dvs_removed = sum(1 for i in every if i.deletion_vector is not None)
+    bytes_read = sum(i.entry.data_file.file_size_in_bytes for i in chosen)
+
+    def result(snapshot_id: int | None, written: int, bytes_written: int, reason: str | None) -> CompactionResult:
+        return CompactionResult(
+            snapshot_id, len(chosen), len(dropped), written, dvs_removed, bytes_read, bytes_written,
+            time.perf_counter() - started, reason,
+        )
+
+    if plan.is_empty:
+        return result(None, 0, 0, "nothing to compact")
+    if dry_run:
+        return result(None, 0, 0, "dry run")
+    metadata = table.metadata
+    settings = TableSettings.of_table(metadata)
+    messages, delete_outputs = rewrite_files(
+        table.io, metadata, chosen, target_file_size=target_file_size or settings.target_file_size_bytes,
+        on_file=(lambda i: progress(i.entry.data_file.file_size_in_bytes)) if progress else None,
+    )
+    written = sum(m.file_size_in_bytes for m in messages)
+    producer: SnapshotProducer | None = None
+    try:
+        fault_point("compaction_files_written", batch_id)
+        snapshot = metadata.current_snapshot()
+        delta = RowDelta(
+            added_data_files=[data_file(m, metadata) for m in messages],
+            rewritten={i.entry.data_file.file_path: _dv_identity(i.deletion_vector) for i in every},
+            planned_snapshot_id=snapshot.snapshot_id if snapshot else None,
+        )
+        producer = SnapshotProducer(table.io, metadata, delta)
+        extra = {keys.ENGINE_NAME: "lakesink", keys.LAKESINK_VERSION: __version__, keys.COMPACTION: "true"}
+        new_snapshot = producer.produce(metadata, 0, extra)
+    except BaseException as exc:
+        if producer is not None:
+            producer.cleanup(committed_attempt=None)
+        delete_outputs()
+        if isinstance(exc, ConflictError):
+            return result(None, 0, 0, f"the table changed while compacting ({exc})")
+        raise
+    try:
+        committed = swap_in(table, PreparedCommit(metadata, new_snapshot))
+    except CommitFailedException as exc:
+        # The swap was refused: nothing references the new files.
+        producer.cleanup(committed_attempt=None)
+        delete_outputs()
+        return result(None, 0, 0, f"another commit landed first ({exc})")
+    # Any other error leaves the commit's outcome unknown: the files stay (orphan-file
+    # removal collects them if it did not land), the error goes up.
+    producer.cleanup(committed_attempt=0)
+    fault_point("after_compaction_commit", batch_id)
+    delete_files(table.io, dropped_metadata_files(metadata, table.metadata_location, committed.metadata))
+    return result(new_snapshot.snapshot_id, len(messages), written, None)

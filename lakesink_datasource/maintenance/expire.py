@@ -1,0 +1,58 @@
+"""Snapshot expiry as its own commit, for `maintain expire` (streams expire in every commit).
+
+Which snapshots go follows `history.expire.max-snapshot-age-ms` and
+`history.expire.min-snapshots-to-keep` (`iceberg/expiry.py`); the files only they referenced
+are deleted after the commit landed, never before.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table import Table
+
+from lakesink_datasource.commit.cleanup import delete_files, dropped_metadata_files
+from lakesink_datasource.commit.swap import PreparedCommit, swap_in
+from lakesink_datasource.iceberg.expiry import snapshots_to_expire, unreachable_files
+from lakesink_datasource.iceberg.properties import TableSettings
+
+_ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class ExpiryResult:
+    expired_snapshots: int
+    files_deleted: int  # data, delete (Puffin), manifest and manifest-list files
+    retained_snapshots: int
+
+    def describe(self, dry_run: bool) -> str:
+        verb = "would expire" if dry_run else "expired"
+        files = "would delete" if dry_run else "deleted"
+        return f"{verb} {self.expired_snapshots} snapshot(s), {files} {self.files_deleted} file(s); {self.retained_snapshots} kept"
+
+
+def expire_snapshots(
+    table: Table, *, max_age_ms: int | None = None, dry_run: bool = False, now_ms: int | None = None
+) -> ExpiryResult:
+    """Expire what the table's retention (or `max_age_ms`, when given) allows."""
+    for _ in range(_ATTEMPTS):
+        metadata = table.metadata
+        settings = TableSettings.of_table(metadata)
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        age = settings.max_snapshot_age_ms if max_age_ms is None else max_age_ms
+        expired = snapshots_to_expire(metadata, now, age, settings.min_snapshots_to_keep)
+        gone = unreachable_files(table.io, metadata, expired)
+        kept = len(metadata.snapshots) - len(expired)
+        if dry_run or not expired:
+            return ExpiryResult(len(expired), len(gone), kept)
+        try:
+            committed = swap_in(table, PreparedCommit(metadata, None, expired=expired))
+        except CommitFailedException:
+            table = table.refresh()  # someone committed first: decide again on the new state
+            continue
+        deleted = delete_files(table.io, gone.all())
+        delete_files(table.io, dropped_metadata_files(metadata, table.metadata_location, committed.metadata))
+        return ExpiryResult(len(expired), deleted, kept)
+    raise RuntimeError(f"could not expire snapshots of {table.name()}: other writers kept committing first")

@@ -1,0 +1,183 @@
+"""Rewrite data files into new ones: live rows only, row lineage kept.
+
+A compacted row keeps its identity (Iceberg v3 row lineage): its `_row_id` and
+`_last_updated_sequence_number` are written explicitly into the new file, taken from the
+old file's columns when it has them and otherwise inherited as the spec says (the file's
+`first_row_id` + position, and its data sequence number). Rows hidden by the file's DV are
+dropped, so the DV goes with the file.
+
+Columns are matched by Parquet field id, so files written by other engines (other column
+order, extra metadata columns) are read correctly.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import ManifestEntry
+from pyiceberg.schema import Schema
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.types import LongType, NestedField
+
+from lakesink_datasource.iceberg.live_files import read_deletion_vector
+from lakesink_datasource.iceberg.manifests import data_file_first_row_id
+from lakesink_datasource.iceberg.partition_key import PartitionKey, encode_partition, partition_path
+from lakesink_datasource.iceberg.properties import TableSettings
+from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
+from lakesink_datasource.messages import DataFileMessage
+from lakesink_datasource.schema.arrow_align import table_arrow_schema
+
+ROW_ID_FIELD_ID = 2147483540
+LAST_UPDATED_FIELD_ID = 2147483539
+ROW_ID = "_row_id"
+LAST_UPDATED = "_last_updated_sequence_number"
+FIELD_ID_KEY = b"PARQUET:field_id"
+COMPACTED_PREFIX = "compacted-"  # names of files a lakesink compaction wrote
+_V = TypeVar("_V")
+
+
+@dataclass(frozen=True)
+class RewriteInput:
+    entry: ManifestEntry  # the live data file (data sequence number, first row id)
+    deletion_vector: ManifestEntry | None
+
+
+def _lineage_field(field_id: int, name: str) -> pa.Field:
+    return pa.field(name, pa.int64(), nullable=True, metadata={FIELD_ID_KEY: str(field_id).encode()})
+
+
+def _field_ids(schema: pa.Schema) -> dict[int, int]:
+    """Parquet field id -> column index, for top-level columns that have one."""
+    out = {}
+    for i, f in enumerate(schema):
+        if f.metadata and FIELD_ID_KEY in f.metadata:
+            out[int(f.metadata[FIELD_ID_KEY])] = i
+    return out
+
+
+def live_rows_with_lineage(io: FileIO, item: RewriteInput, target: pa.Schema) -> pa.Table:
+    """The file's rows its DV does not hide, as `target` (table columns + the two lineage
+    columns), lineage made explicit."""
+    data_file = item.entry.data_file
+    with io.new_input(data_file.file_path).open() as stream:
+        table = pq.read_table(stream)
+    n = table.num_rows
+    positions = np.arange(n, dtype=np.int64)
+    if item.deletion_vector is not None:
+        hidden = np.fromiter(read_deletion_vector(io, item.deletion_vector.data_file), dtype=np.int64)
+        keep = ~np.isin(positions, hidden)
+        table, positions = table.filter(pa.array(keep)), positions[keep]
+    ids = _field_ids(table.schema)
+    first_row_id = data_file_first_row_id(data_file)
+    inherited = {
+        ROW_ID_FIELD_ID: None if first_row_id is None else pa.array(positions + first_row_id, pa.int64()),
+        LAST_UPDATED_FIELD_ID: None if item.entry.sequence_number is None else pa.array(
+            np.full(len(positions), item.entry.sequence_number, dtype=np.int64)
+        ),
+    }
+    columns = []
+    for f in target:
+        field_id = int(f.metadata[FIELD_ID_KEY])
+        present = table.column(ids[field_id]) if field_id in ids else None
+        if field_id in inherited:
+            fallback = inherited[field_id]
+            if present is None:
+                column = fallback if fallback is not None else pa.nulls(len(positions), pa.int64())
+            else:
+                column = present.cast(pa.int64()) if fallback is None else pc.coalesce(present.cast(pa.int64()), fallback)
+        elif present is None:
+            column = pa.nulls(len(positions), f.type)  # a column the file predates
+        else:
+            column = present if present.type.equals(f.type) else present.cast(f.type)
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=target)
+
+
+def rewrite_files(
+    io: FileIO,
+    metadata: TableMetadata,
+    inputs: Iterable[RewriteInput],
+    *,
+    target_file_size: int,
+    on_file: Callable[[RewriteInput], None] | None = None,
+) -> tuple[list[DataFileMessage], Callable[[], list[str]]]:
+    """Write the live rows of `inputs` (all of the current spec) into new files, one
+    partition at a time; returns the new files and a function that deletes them."""
+    schema = metadata.schema()
+    spec = metadata.spec()
+    settings = TableSettings.of_table(metadata)
+    target = pa.schema(
+        [*table_arrow_schema(schema), _lineage_field(ROW_ID_FIELD_ID, ROW_ID), _lineage_field(LAST_UPDATED_FIELD_ID, LAST_UPDATED)]
+    )
+    lineage = [
+        NestedField(ROW_ID_FIELD_ID, ROW_ID, LongType(), required=False),
+        NestedField(LAST_UPDATED_FIELD_ID, LAST_UPDATED, LongType(), required=False),
+    ]
+    write_schema = Schema(*schema.fields, *lineage, schema_id=schema.schema_id, identifier_field_ids=schema.identifier_field_ids)
+    prefix = f"{COMPACTED_PREFIX}{uuid.uuid4().hex[:16]}"
+
+    def path_for(key: PartitionKey, n: int) -> str:
+        folder = partition_path(spec, schema, key)
+        return f"{settings.data_path}/{folder}/{prefix}-{n:05d}.parquet" if folder else f"{settings.data_path}/{prefix}-{n:05d}.parquet"
+
+    writer = PartitionedParquetWriter(
+        io=io,
+        iceberg_schema=write_schema,
+        arrow_schema=target,
+        spec_id=spec.spec_id,
+        table_properties=metadata.properties,
+        path_for=path_for,
+        target_file_size=target_file_size,
+        row_group_bytes=settings.parquet_row_group_bytes,
+        compression=settings.parquet_compression,
+        compression_level=settings.parquet_compression_level,
+        page_bytes=settings.parquet_page_bytes,
+        dictionary_bytes=settings.parquet_dictionary_bytes,
+    )
+    try:
+        for item in inputs:
+            key = encode_partition(spec, schema, item.entry.data_file.partition)
+            writer.write(key, live_rows_with_lineage(io, item, target))
+            if on_file is not None:
+                on_file(item)
+        messages = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    paths = [m.path for m in messages]
+
+    def delete() -> list[str]:
+        for path in paths:
+            try:
+                io.delete(path)
+            except FileNotFoundError:
+                pass
+        return paths
+
+    # Readers know the lineage columns by their reserved ids; no metrics for them, as Java.
+    lineage_ids = {ROW_ID_FIELD_ID, LAST_UPDATED_FIELD_ID}
+    return [_without_fields(m, lineage_ids) for m in messages], delete
+
+
+def _without_fields(message: DataFileMessage, field_ids: set[int]) -> DataFileMessage:
+    def strip(metrics: Mapping[int, _V]) -> dict[int, _V]:
+        return {k: v for k, v in metrics.items() if k not in field_ids}
+
+    return msgspec.structs.replace(
+        message,
+        column_sizes=strip(message.column_sizes),
+        value_counts=strip(message.value_counts),
+        null_value_counts=strip(message.null_value_counts),
+        nan_value_counts=strip(message.nan_value_counts),
+        lower_bounds=strip(message.lower_bounds),
+        upper_bounds=strip(message.upper_bounds),
+    )

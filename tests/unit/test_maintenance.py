@@ -1,0 +1,283 @@
+"""Maintenance: compaction (row lineage kept, index moved not rebuilt, races dropped),
+orphan-file removal, the `maintain` tool, and a long stream whose table stays bounded.
+
+Driven through the production path without Spark (plan_write -> write_task -> commit_write,
+then the after-commit maintenance a Spark commit runs). Rows are read back with DuckDB and
+pyiceberg; `_row_id` / `_last_updated_sequence_number` with DuckDB's own lineage columns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from lakesink_testing import assert_readers_see, duckdb_connection, expected_rows, load
+from pyiceberg.table import Table
+from pyspark.sql import types as T
+
+from lakesink_datasource.check import check_table
+from lakesink_datasource.commit.committer import CommitOutcome, commit_write
+from lakesink_datasource.faults import InjectedFault
+from lakesink_datasource.iceberg.live_files import live_data_files, live_deletion_vectors
+from lakesink_datasource.iceberg.manifest_list import read_manifest_list
+from lakesink_datasource.index.key_index import open_index
+from lakesink_datasource.maintain import main as maintain_main
+from lakesink_datasource.maintain import maintain_table
+from lakesink_datasource.maintenance.after_batch import maintain_after_commit
+from lakesink_datasource.maintenance.compaction import compact
+from lakesink_datasource.maintenance.orphans import remove_orphans
+from lakesink_datasource.messages import decode_messages
+from lakesink_datasource.options import parse_options
+from lakesink_datasource.table.setup import plan_write
+from lakesink_datasource.write.task import TaskIdentity, write_task
+
+IDENT = "db.t"
+SCHEMA = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.StringType())])
+ARROW = pa.schema([("id", pa.int64()), ("v", pa.string())])
+COLUMNS = ["id", "v"]
+UNLIMITED = 1 << 40
+
+
+def _rows(ids: Iterable[int], tag: str = "") -> list[dict]:
+    return [{"id": i, "v": f"{tag}{i}"} for i in ids]
+
+
+def _write(warehouse: str, ids: Iterable[int], *, tag: str = "", batch: int | None = None, maintain: bool = False,
+           **options: str) -> CommitOutcome:
+    raw = {"table": IDENT, "warehouse": warehouse, **options}
+    plan = plan_write(parse_options(raw), SCHEMA, overwrite=False)
+    message = write_task(plan, iter([pa.RecordBatch.from_pylist(_rows(ids, tag), schema=ARROW)]),
+                         TaskIdentity(batch_id=batch, query_id="q" if batch is not None else None))
+    outcome = commit_write(plan, decode_messages([message]), batch)
+    if maintain and outcome.snapshot_id is not None:
+        maintain_after_commit(plan, outcome.stats.bytes_written, batch)  # what a Spark commit runs next
+    return outcome
+
+
+def _keyed(warehouse: str, **extra: str) -> dict[str, str]:
+    return {"operation": "upsert", "primary_key": "id", "index_dir": f"{warehouse}/idx", "partition_by": "bucket(2, id)", **extra}
+
+
+def _lineage(table: Table) -> dict[int, tuple[str, int, int]]:
+    """id -> (v, _row_id, _last_updated_sequence_number) as DuckDB reads them."""
+    got = duckdb_connection().execute(
+        f"SELECT id, v, _row_id, _last_updated_sequence_number FROM iceberg_scan('{table.metadata_location}')"
+    ).fetchall()
+    out = {r[0]: (r[1], r[2], r[3]) for r in got}
+    assert len(out) == len(got), "duplicate ids"
+    return out
+
+
+def _local(path: str) -> str:
+    return path.removeprefix("file://")
+
+
+def _files_under(table: Table) -> set[str]:
+    return {str(p) for p in Path(_local(table.metadata.location)).rglob("*") if p.is_file()}
+
+
+def _upsert_history(warehouse: str, batches: int = 6) -> dict[int, dict]:
+    """Overlapping upserts: every batch replaces some keys (DVs) and adds new ones."""
+    live: dict[int, dict] = {}
+    for b in range(batches):
+        ids = range(b * 3, b * 3 + 10)
+        _write(warehouse, ids, tag=f"b{b}-", batch=b, **_keyed(warehouse))
+        live.update({r["id"]: r for r in _rows(ids, f"b{b}-")})
+    return live
+
+
+# --- compaction ----------------------------------------------------------------------------------
+
+
+def test_compaction_keeps_rows_and_their_lineage_and_removes_the_dvs(warehouse: str) -> None:
+    live = _upsert_history(warehouse)
+    before = load(warehouse, IDENT)
+    lineage = _lineage(before)
+    files_before = len(live_data_files(before.io, before.current_snapshot()))
+    assert live_deletion_vectors(before.io, before.current_snapshot())  # the history left DVs
+
+    result = compact(before, budget_bytes=UNLIMITED, tiered=False)
+
+    after = load(warehouse, IDENT)
+    assert result.snapshot_id == after.metadata.current_snapshot().snapshot_id  # type: ignore[union-attr]
+    assert after.metadata.current_snapshot().summary.operation.value == "replace"  # type: ignore[union-attr]
+    files_after = live_data_files(after.io, after.current_snapshot())
+    assert len(files_after) == 2 < files_before  # one per bucket
+    assert live_deletion_vectors(after.io, after.current_snapshot()) == {}
+    assert _lineage(after) == lineage  # every row keeps its id and last-updated sequence
+    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
+    assert check_table(after) == []
+
+
+def test_keyed_writes_after_a_compaction_move_keys_without_rebuilding_the_index(
+    warehouse: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    live = _upsert_history(warehouse)
+    compact(load(warehouse, IDENT), budget_bytes=UNLIMITED, tiered=False)
+    caplog.set_level("INFO", logger="lakesink")
+    caplog.clear()
+    lineage = _lineage(load(warehouse, IDENT))
+    _write(warehouse, range(0, 30, 2), tag="late-", batch=10, **_keyed(warehouse))
+    live.update({r["id"]: r for r in _rows(range(0, 30, 2), "late-")})
+
+    assert not [r for r in caplog.records if "rebuilt key index" in r.getMessage()]
+    table = load(warehouse, IDENT)
+    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
+    after = _lineage(table)
+    untouched = [i for i in lineage if i % 2 == 1]
+    assert untouched and all(after[i] == lineage[i] for i in untouched)
+    # The index forgot the files the compaction removed: it knows exactly the live ones.
+    index = open_index(os.path.join(f"{warehouse}/idx", str(table.metadata.table_uuid)))
+    assert index.file_count() == len(live_data_files(table.io, table.current_snapshot()))
+    assert check_table(table) == []
+
+
+def test_a_compaction_that_loses_the_race_commits_nothing_and_deletes_its_files(warehouse: str) -> None:
+    live = _upsert_history(warehouse)
+    stale = load(warehouse, IDENT)  # what the compaction reads ...
+    _write(warehouse, [1000], batch=20, **_keyed(warehouse))  # ... before another writer commits
+    live[1000] = _rows([1000])[0]
+    files = _files_under(load(warehouse, IDENT))
+
+    result = compact(stale, budget_bytes=UNLIMITED, tiered=False)
+
+    assert result.snapshot_id is None and result.skipped_reason is not None
+    assert _files_under(load(warehouse, IDENT)) == files  # its outputs and manifests are gone
+    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
+
+
+def test_a_kill_during_the_rewrite_changes_nothing_and_remove_orphans_collects_the_leftovers(
+    warehouse: str, tmp_path: Path
+) -> None:
+    live = _upsert_history(warehouse)
+    files = _files_under(load(warehouse, IDENT))
+    # A separate process compacts and is SIGKILLed once its new files are written.
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps([{"point": "compaction_files_written", "action": "kill"}]))
+    script = (
+        "import sys; sys.path.insert(0, 'tests'); from lakesink_testing import load; "
+        "from lakesink_datasource.maintenance.compaction import compact; "
+        f"compact(load({warehouse!r}, {IDENT!r}), budget_bytes=1 << 40, tiered=False)"
+    )
+    child = subprocess.run([sys.executable, "-c", script], env={**os.environ, "LAKESINK_FAULTS": str(faults)},
+                           start_new_session=True, check=False)
+    assert child.returncode == -signal.SIGKILL
+    table = load(warehouse, IDENT)
+    leftovers = _files_under(table) - files
+    assert leftovers and all("compacted-" in p for p in leftovers)  # the killed rewrite's files
+    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
+
+    young = remove_orphans(table, min_age_ms=3600_000)
+    assert young.orphans == [] and young.too_young == len(leftovers)  # in-flight writes are safe
+    scan = remove_orphans(table, min_age_ms=0)
+    assert set(scan.orphans) == leftovers
+    assert _files_under(load(warehouse, IDENT)) == files
+    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
+    assert check_table(load(warehouse, IDENT)) == []
+
+
+def test_a_crash_right_after_the_compaction_commit_loses_nothing(warehouse: str, arm_fault) -> None:  # type: ignore[no-untyped-def]
+    live = _upsert_history(warehouse)
+    arm_fault({"point": "after_compaction_commit", "action": "raise"})
+    with pytest.raises(InjectedFault):
+        compact(load(warehouse, IDENT), budget_bytes=UNLIMITED, tiered=False)
+    table = load(warehouse, IDENT)
+    assert table.metadata.current_snapshot().summary.operation.value == "replace"  # type: ignore[union-attr]
+    _write(warehouse, [3], tag="next-", batch=30, **_keyed(warehouse))
+    live[3] = _rows([3], "next-")[0]
+    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
+    assert remove_orphans(load(warehouse, IDENT), min_age_ms=0).orphans == []  # it cleaned up itself
+
+
+def test_fully_deleted_files_are_dropped_and_dry_run_changes_nothing(warehouse: str) -> None:
+    _write(warehouse, range(10), tag="a", **_keyed(warehouse))
+    _write(warehouse, range(10), tag="b", **_keyed(warehouse))  # hides every row of the first files
+    table = load(warehouse, IDENT)
+    dry = compact(table, budget_bytes=UNLIMITED, tiered=False, dry_run=True)
+    assert dry.files_dropped == 2 and dry.snapshot_id is None
+    assert load(warehouse, IDENT).metadata_location == table.metadata_location
+    result = compact(table, budget_bytes=UNLIMITED, tiered=False)
+    assert result.files_dropped == 2 and result.files_written == 0
+    assert_readers_see(warehouse, IDENT, expected_rows(_rows(range(10), "b"), COLUMNS), COLUMNS)
+
+
+# --- orphans and the maintain tool --------------------------------------------------------------
+
+
+def test_remove_orphans_never_touches_a_referenced_file(warehouse: str) -> None:
+    live = _upsert_history(warehouse)
+    table = load(warehouse, IDENT)
+    before = _files_under(table)
+    stray = Path(_local(table.metadata.location)) / "data" / "stray.parquet"
+    stray.write_bytes(b"not a table file")
+    dry = remove_orphans(table, min_age_ms=0, dry_run=True)
+    assert dry.orphans == [str(stray)] and stray.exists()
+    assert remove_orphans(table, min_age_ms=0).orphans == [str(stray)]
+    assert _files_under(load(warehouse, IDENT)) == before
+    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
+
+
+def test_maintain_all_compacts_expires_and_reports(warehouse: str, capsys: pytest.CaptureFixture[str]) -> None:
+    live = _upsert_history(warehouse)
+    snapshots = len(load(warehouse, IDENT).metadata.snapshots)
+    assert maintain_main(["all", IDENT, "--warehouse", warehouse, "--older-than-hours", "0.000001", "--dry-run"]) == 0
+    assert len(load(warehouse, IDENT).metadata.snapshots) == snapshots
+    assert maintain_main(["all", IDENT, "--warehouse", warehouse, "--older-than-hours", "0.000001"]) == 0
+    out = capsys.readouterr().out
+    assert "compaction: rewrote" in out and "expiry: expired" in out and "orphans: removed 0" in out
+    table = load(warehouse, IDENT)
+    assert len(table.metadata.snapshots) == 1
+    assert len(live_data_files(table.io, table.current_snapshot())) == 2
+    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
+    assert check_table(table) == []
+
+
+def test_maintain_names_a_missing_table_and_a_bad_action(warehouse: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert maintain_main(["compact", "db.nope", "--warehouse", warehouse]) == 2
+    assert "cannot load table db.nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        maintain_main(["sometimes", IDENT, "--warehouse", warehouse])
+    _write(warehouse, range(3))
+    with pytest.raises(ValueError, match="unknown action"):
+        maintain_table(load(warehouse, IDENT), "sometimes")
+
+
+# --- a long stream ---------------------------------------------------------------------------------
+
+
+def test_a_long_upsert_stream_keeps_its_table_bounded(warehouse: str) -> None:
+    """300 micro-batches of upserts over 400 repeating keys, maintenance as a stream runs it,
+    retention shortened to zero: metadata, manifests, data files and the key index stay flat."""
+    keyed = _keyed(
+        warehouse,
+        **{"property.history.expire.max-snapshot-age-ms": "0", "property.write.metadata.previous-versions-max": "10"},
+    )
+    live: dict[int, dict] = {}
+    metadata_sizes, live_files = [], []
+    for b in range(300):
+        ids = [(b * 7 + k * 13) % 400 for k in range(20)]
+        _write(warehouse, ids, tag=f"b{b}-", batch=b, maintain=True, **keyed)
+        live.update({r["id"]: r for r in _rows(ids, f"b{b}-")})
+        if b % 50 == 49:
+            table = load(warehouse, IDENT)
+            metadata_sizes.append(os.path.getsize(_local(table.metadata_location)))
+            live_files.append(len(live_data_files(table.io, table.current_snapshot())))
+    table = load(warehouse, IDENT)
+    metadata_dir = Path(_local(table.metadata.location)) / "metadata"
+    manifests = read_manifest_list(table.io, table.current_snapshot().manifest_list)  # type: ignore[union-attr]
+    assert max(metadata_sizes) < 16 * 1024 and metadata_sizes[-1] <= metadata_sizes[0] + 2048
+    assert len(list(metadata_dir.iterdir())) <= 40  # 10 metadata files + one snapshot's lists and manifests
+    assert len(manifests) <= 8
+    assert max(live_files) <= 2 * 12 and live_files[-1] <= live_files[0] + 4  # 2 buckets, a few per size class
+    index = open_index(os.path.join(f"{warehouse}/idx", str(table.metadata.table_uuid)))
+    assert index.count() == 400 and index.file_count() == len(live_data_files(table.io, table.current_snapshot()))
+    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
+    assert check_table(table) == []
+    assert remove_orphans(table, min_age_ms=0, dry_run=True).orphans == []  # nothing leaked on the way
