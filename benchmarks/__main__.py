@@ -119,6 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--json", help="results.json to read (default benchmarks/results.json)")
     rep.add_argument("--out", help="output directory (default: the JSON's directory)")
     rep.set_defaults(func=_report)
+    long = sub.add_parser("long-stream", help="thousands of upsert micro-batches, maintenance on vs off -> LONG-STREAM.md")
+    long.add_argument("--batches", type=int, default=2000, help="micro-batches per side (default 2,000)")
+    long.add_argument("--rows-per-batch", type=int, default=2000)
+    long.add_argument("--workdir", help="scratch directory (default /tmp/lakesink-long-stream)")
+    long.add_argument("--out", help="where LONG-STREAM.md, long_stream.json, long_stream.png go (default benchmarks/)")
+    long.set_defaults(func=lambda a: __import__("benchmarks.long_stream", fromlist=["x"]).main_args(
+        a.batches, a.rows_per_batch, a.workdir, a.out))
     lst = sub.add_parser("list", help="list the scenarios")
     lst.set_defaults(func=lambda a: [print(f"{s.id}\t{s.key}\t{s.title}") for s in __import__("benchmarks.scenarios", fromlist=["x"]).SCENARIOS] and 0)
     args = parser.parse_args(argv)

@@ -35,18 +35,18 @@ from lakesink_datasource.iceberg.manifests import read_entries
 
 
 def snapshots_to_expire(
-    metadata: TableMetadata, now_ms: int, max_age_ms: int, min_to_keep: int, new_head: Snapshot | None = None
+    metadata: TableMetadata, now_ms: int, max_age_ms: int, min_to_keep: int, adds_head: bool = False
 ) -> list[int]:
-    """Ids of the snapshots an expiry at `now_ms` removes. `new_head`: a snapshot about to
-    become main's head in the same commit (it counts as the newest retained one)."""
+    """Ids of the snapshots an expiry at `now_ms` removes. `adds_head`: the same commit makes
+    a new snapshot main's head (it counts as the newest retained one)."""
     cutoff = now_ms - max_age_ms
     keep: set[int] = set()
     main = list(ancestors(metadata))
-    budget = min_to_keep - (1 if new_head is not None else 0)
+    budget = min_to_keep - (1 if adds_head else 0)
     for i, snapshot in enumerate(main):
         if i < budget or snapshot.timestamp_ms >= cutoff:
             keep.add(snapshot.snapshot_id)
-    if new_head is None and main:
+    if not adds_head and main:
         keep.add(main[0].snapshot_id)  # never the current snapshot
     for name, ref in metadata.refs.items():
         if name == "main":

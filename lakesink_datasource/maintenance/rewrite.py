@@ -115,13 +115,16 @@ def rewrite_files(
     schema = metadata.schema()
     spec = metadata.spec()
     settings = TableSettings.of_table(metadata)
+    # Row lineage exists from format v3 on; v2 files get the table's columns only.
+    v3 = metadata.format_version >= 3
     target = pa.schema(
-        [*table_arrow_schema(schema), _lineage_field(ROW_ID_FIELD_ID, ROW_ID), _lineage_field(LAST_UPDATED_FIELD_ID, LAST_UPDATED)]
+        [*table_arrow_schema(schema)]
+        + ([_lineage_field(ROW_ID_FIELD_ID, ROW_ID), _lineage_field(LAST_UPDATED_FIELD_ID, LAST_UPDATED)] if v3 else [])
     )
     lineage = [
         NestedField(ROW_ID_FIELD_ID, ROW_ID, LongType(), required=False),
         NestedField(LAST_UPDATED_FIELD_ID, LAST_UPDATED, LongType(), required=False),
-    ]
+    ] if v3 else []
     write_schema = Schema(*schema.fields, *lineage, schema_id=schema.schema_id, identifier_field_ids=schema.identifier_field_ids)
     prefix = f"{COMPACTED_PREFIX}{uuid.uuid4().hex[:16]}"
 

@@ -58,7 +58,8 @@ def run_child(tmp_path: Path, warehouse: str, faults: list[dict] | None, extra: 
 
 
 def epochs(warehouse: str) -> list[str]:
-    return [s.summary[EPOCH_ID] for s in load(warehouse, "db.stream").metadata.snapshots]
+    """The epochs of the batch snapshots, oldest first (compactions between them carry none)."""
+    return [s.summary[EPOCH_ID] for s in load(warehouse, "db.stream").metadata.snapshots if EPOCH_ID in s.summary.additional_properties]
 
 
 def rows_of_batches(everything: list[dict], batches: range) -> Counter:

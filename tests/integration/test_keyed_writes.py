@@ -11,6 +11,7 @@ import pytest
 from lakesink_testing import assert_readers_see, current_snapshot_id, expected_rows, load
 
 from lakesink_datasource.check import check_table
+from lakesink_datasource.iceberg.summary_keys import COMPACTION
 
 COLUMNS = ["id", "name", "seq"]
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("seq", pa.int64()), ("op", pa.string())])
@@ -65,9 +66,12 @@ def test_streaming_cdc_with_sequence_hides_old_rows_with_deletion_vectors(spark,
     table = load(warehouse, "db.cdc")
     assert [f.name for f in table.schema().fields] == ["id", "name", "seq"]  # op is not stored
     assert table.schema().identifier_field_ids == [table.schema().find_field("id").field_id]
-    ops = [s.summary.operation.value for s in table.metadata.snapshots]
-    assert ops == ["append", "overwrite", "overwrite"]
-    second = table.metadata.snapshots[1].summary
+    # One snapshot per batch; the compactions that ran after batches sit between them.
+    batch_snapshots = [s for s in table.metadata.snapshots if s.summary and COMPACTION not in s.summary.additional_properties]
+    assert [s.summary.operation.value for s in batch_snapshots] == ["append", "overwrite", "overwrite"]
+    compactions = [s for s in table.metadata.snapshots if s not in batch_snapshots]
+    assert all(s.summary.operation.value == "replace" for s in compactions)
+    second = batch_snapshots[1].summary
     assert second["added-dvs"] == second["added-delete-files"]
     assert int(second["added-position-deletes"]) == 3  # the old rows of keys 1, 2 and 3 (20 is new)
     assert second["lakesink.rows-deleted"] == "1"

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from lakesink_testing import assert_readers_see, expected_rows, load
 
+from lakesink_datasource.check import check_table
 from lakesink_datasource.iceberg.summary_keys import EPOCH_ID, QUERY_ID
 
 COLUMNS = ["id", "name", "amount", "ts"]
@@ -71,3 +72,24 @@ def test_each_micro_batch_is_one_snapshot_visible_to_other_readers(spark, tmp_pa
     amounts = table.scan().to_arrow()["amount"].to_pylist()
     assert sum(a != a for a in amounts) == sum(r["amount"] != r["amount"] for r in written)
     assert Counter(a for a in amounts if a == a) == Counter(r["amount"] for r in written if r["amount"] == r["amount"])
+
+
+def test_a_stream_compacts_its_small_files_between_batches(spark, tmp_path: Path, warehouse: str) -> None:
+    """Six small micro-batches into one partition: after the fourth small file the commit's
+    maintenance merges them (a `replace` snapshot); rows stay exact for every reader, every
+    batch keeps its own snapshot and row lineage, and `maintenance=off` leaves all files."""
+    source, written = tmp_path / "source", []
+    for batch in range(6):
+        records = make_rows(batch * 20, 20)
+        write_source_file(source, batch, records)
+        written += records
+    for mode, name in (("auto", "db.auto"), ("off", "db.off")):
+        run_available_now(spark, source, tmp_path / f"checkpoint-{mode}", table=name, warehouse=warehouse, maintenance=mode)
+        assert_readers_see(warehouse, name, expected_rows(written, ["id", "name", "ts"]), ["id", "name", "ts"])
+    auto, off = load(warehouse, "db.auto"), load(warehouse, "db.off")
+    assert [s.summary[EPOCH_ID] for s in auto.metadata.snapshots if EPOCH_ID in s.summary.additional_properties] == [str(b) for b in range(6)]
+    replaces = [s for s in auto.metadata.snapshots if s.summary.operation.value == "replace"]
+    assert replaces and all(s.summary["lakesink.compaction"] == "true" for s in replaces)
+    assert len(list(off.scan().plan_files())) == 6
+    assert len(list(auto.scan().plan_files())) < 4
+    assert check_table(auto) == []

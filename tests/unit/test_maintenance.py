@@ -13,20 +13,25 @@ import os
 import signal
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
+import msgspec
 import pyarrow as pa
 import pytest
+from keyed_model import Change, Config, Harness, Model, label_batches
 from lakesink_testing import assert_readers_see, duckdb_connection, expected_rows, load
 from pyiceberg.table import Table
 from pyspark.sql import types as T
 
 from lakesink_datasource.check import check_table
 from lakesink_datasource.commit.committer import CommitOutcome, commit_write
+from lakesink_datasource.commit.tombstones import MAX_CARRIED, tombstone_paths
 from lakesink_datasource.faults import InjectedFault
 from lakesink_datasource.iceberg.live_files import live_data_files, live_deletion_vectors
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
+from lakesink_datasource.iceberg.summary_keys import TOMBSTONES
 from lakesink_datasource.index.key_index import open_index
 from lakesink_datasource.maintain import main as maintain_main
 from lakesink_datasource.maintain import maintain_table
@@ -281,3 +286,37 @@ def test_a_long_upsert_stream_keeps_its_table_bounded(warehouse: str) -> None:
     assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
     assert check_table(table) == []
     assert remove_orphans(table, min_age_ms=0, dry_run=True).orphans == []  # nothing leaked on the way
+
+
+# --- tombstones outlive expiry ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("deletes", [3, 40], ids=["carried", "merged"])
+def test_sequenced_deletes_survive_expiry_and_an_index_rebuild(deletes: int) -> None:
+    """Deleted keys remember their delete's sequence although every snapshot that recorded
+    the delete is expired (retention 0): with the index deleted and rebuilt from the table, a
+    late change older than the delete is still refused. 40 deleting batches make the carried
+    tombstone files more than MAX_CARRIED, so they are merged into one."""
+    config = Config("cdc", "bucket(2, id)", True)
+    created = [[[Change(k, "c", seq=10)] for k in range(deletes)]]
+    removed = [[[[Change(k, "d", seq=20)]]] for k in range(deletes)]  # one batch per delete
+    late = [[[Change(k, "u", seq=15) for k in range(deletes)]]]  # older than every delete
+    labelled = label_batches(config, [created, *removed, late])
+    with Harness(config) as harness:
+        harness.options = msgspec.structs.replace(
+            harness.options, table_properties={"history.expire.max-snapshot-age-ms": "0"}
+        )
+        model = Model(config)
+        for batch_id, batch in enumerate(labelled):
+            if batch_id == len(labelled) - 1:
+                harness.drop_index()
+                table = harness.table()
+                assert len(table.metadata.snapshots) == 1  # every delete's snapshot expired
+                carried = tombstone_paths(table.metadata.current_snapshot().summary.get(TOMBSTONES))
+                assert len(carried) <= MAX_CARRIED + 1
+                tombstone_files = list(Path(_local(table.metadata.location), "data", "lakesink-tombstones").iterdir())
+                assert sorted(str(p) for p in tombstone_files) == sorted(_local(p) for p in carried)  # merged-away ones deleted
+            harness.run_batch(batch, batch_id)
+            model.apply_batch(batch)
+            harness.assert_matches(model.expected(), f"after batch {batch_id}")
+        assert model.expected() == Counter()  # the late changes were refused: every key stays deleted
