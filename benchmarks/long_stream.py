@@ -8,7 +8,7 @@ Spark's `rate-micro-batch` source gives every micro-batch exactly `--rows-per-ba
 source's value modulo 50,000, so keys are updated again and again and deletion vectors pile
 up. The sink upserts (`primary_key=id`, `partition_by=bucket(4, id)`), once with default
 settings (maintenance=auto) and once with `maintenance=off`, one after the other in one
-Spark session, with snapshot retention shortened to 10 minutes on both sides.
+Spark session, with snapshot retention shortened to 1 minute on both sides.
 
 Per side: the `addBatch` time of every micro-batch (Spark's own progress report), the median
 of the first and last 10% of batches, and at the end metadata.json size, files in
@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,72 @@ from benchmarks.harness import BENCH_DIR, BenchConfig, log, start_spark, worker_
 
 IDENT = "bench.stream"
 KEYS = 50_000
-RETENTION_MS = 10 * 60 * 1000
+RETENTION_MS = 60 * 1000
 TARGET_LATENCY_RATIO = 1.2
 TARGET_METADATA_JSON_BYTES = 256 * 1024
 TARGET_SCAN_RATIO = 1.2
 
 
-def _run_side(spark: Any, root: Path, batches: int, rows_per_batch: int, maintenance: str) -> dict[str, Any]:
+class _Progress:
+    """Every micro-batch's durations, pushed by Spark's StreamingQueryListener (no polling of
+    `recentProgress`, which would cost the driver more with every batch)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._by_query: dict[str, dict[int, dict[str, Any]]] = {}
+
+    def record(self, query_id: str, batch_id: int, rows: int, durations: dict[str, int]) -> None:
+        if not rows:
+            return
+        with self._lock:
+            self._by_query.setdefault(query_id, {})[batch_id] = {
+                "batch": batch_id, "add_batch_ms": durations.get("addBatch", 0), "trigger_ms": durations.get("triggerExecution", 0),
+            }
+            self._lock.notify_all()
+
+    def reached(self, query_id: Any, count: int) -> bool:
+        with self._lock:
+            done = len(self._by_query.get(str(query_id), {}))
+        if done and done % 250 == 0:
+            log(f"  {done} batches")
+        return done >= count
+
+    def wait(self, seconds: float) -> None:
+        with self._lock:
+            self._lock.wait(seconds)
+
+    def batches(self, query_id: Any) -> list[dict[str, Any]]:
+        with self._lock:
+            seen = self._by_query.get(str(query_id), {})
+            return [seen[b] for b in sorted(seen)]
+
+
+def _listen(spark: Any) -> _Progress:
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    progress = _Progress()
+
+    class Listener(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            p = event.progress
+            progress.record(str(p.id), p.batchId, p.numInputRows, dict(p.durationMs or {}))
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            pass
+
+    spark.streams.addListener(Listener())
+    return progress
+
+
+def _run_side(
+    spark: Any, progress: _Progress, root: Path, batches: int, rows_per_batch: int, maintenance: str
+) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     shutil.rmtree(root, ignore_errors=True)
@@ -67,22 +127,15 @@ def _run_side(spark: Any, root: Path, batches: int, rows_per_batch: int, mainten
         .start()
     )
     started = time.monotonic()
-    seen: dict[int, dict[str, Any]] = {}
     try:
-        while len(seen) < batches:
+        while not progress.reached(query.id, batches):
             if query.exception() is not None:
                 raise RuntimeError(str(query.exception()))
-            for p in query.recentProgress:
-                if p.batchId not in seen and p.numInputRows:
-                    seen[p.batchId] = {"batch": p.batchId, "add_batch_ms": (p.durationMs or {}).get("addBatch", 0),
-                                       "trigger_ms": (p.durationMs or {}).get("triggerExecution", 0)}
-            if len(seen) and len(seen) % 250 == 0:
-                log(f"  {maintenance}: {len(seen)} batches, {time.monotonic() - started:.0f} s")
-            time.sleep(0.5)  # polling Spark's progress reports; nothing is synchronised on it
+            progress.wait(5.0)
     finally:
         query.stop()
     elapsed = time.monotonic() - started
-    per_batch = [seen[b] for b in sorted(seen)][:batches]
+    per_batch = progress.batches(query.id)[:batches]
     return {"maintenance": maintenance, "batches": per_batch, "seconds": round(elapsed, 1), **_inspect(root)}
 
 
@@ -212,12 +265,13 @@ def run(batches: int, rows_per_batch: int, workdir: Path, out: Path) -> dict[str
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     worker_environment(workdir / "phases.log")
-    spark = start_spark(config, {"spark.sql.streaming.numRecentProgressUpdates": str(batches + 500)})
+    spark = start_spark(config)
+    progress = _listen(spark)
     sides: dict[str, dict[str, Any]] = {}
     try:
         for maintenance in ("auto", "off"):
             log(f"long stream, maintenance={maintenance}: {batches} batches of {rows_per_batch} rows")
-            side = _run_side(spark, workdir / maintenance, batches, rows_per_batch, maintenance)
+            side = _run_side(spark, progress, workdir / maintenance, batches, rows_per_batch, maintenance)
             side |= _latency_summary(side) | _scan_ratio(spark, side, workdir / maintenance)
             sides[maintenance] = side
             log(f"  done: latency ratio {side['latency_ratio']}, metadata.json {side['metadata_json_bytes']:,} B, "
