@@ -320,3 +320,29 @@ def test_sequenced_deletes_survive_expiry_and_an_index_rebuild(deletes: int) -> 
             model.apply_batch(batch)
             harness.assert_matches(model.expected(), f"after batch {batch_id}")
         assert model.expected() == Counter()  # the late changes were refused: every key stays deleted
+
+
+def test_maintain_expire_keeps_the_deletes_of_the_snapshots_it_expires() -> None:
+    """The operator's `expire` (no batch to carry them) adds a snapshot without file changes
+    that lists the expired snapshots' tombstones; a rebuilt index still refuses older changes."""
+    config = Config("cdc", None, True)
+    created = [[[Change(k, "c", seq=10) for k in range(5)]]]
+    removed = [[[Change(k, "d", seq=20) for k in range(5)]]]
+    other = [[[Change(100, "c", seq=30)]]]
+    late = [[[Change(k, "u", seq=15) for k in range(5)]]]
+    labelled = label_batches(config, [created, removed, other, late])
+    with Harness(config) as harness:
+        model = Model(config)
+        for batch_id, batch in enumerate(labelled[:3]):
+            harness.run_batch(batch, batch_id)
+            model.apply_batch(batch)
+        report = maintain_table(harness.table(), "expire", older_than_ms=1)
+        assert report.expiry is not None and report.expiry.expired_snapshots == 2  # the current one stays
+        table = harness.table()
+        assert len(table.metadata.snapshots) == 2  # the last batch's and the carrier on top of it
+        assert tombstone_paths(table.metadata.current_snapshot().summary.get(TOMBSTONES))
+        harness.drop_index()
+        harness.run_batch(labelled[3], 3)
+        model.apply_batch(labelled[3])
+        harness.assert_matches(model.expected(), "after the late batch")
+        assert sorted(model.live) == [100]  # every late change was older than its delete
