@@ -28,7 +28,6 @@ from pyspark.sql import types as T
 from lakesink_datasource.check import check_table
 from lakesink_datasource.commit.committer import CommitOutcome, commit_write
 from lakesink_datasource.commit.tombstones import MAX_CARRIED, tombstone_paths
-from lakesink_datasource.faults import InjectedFault
 from lakesink_datasource.iceberg.live_files import live_data_files, live_deletion_vectors
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
 from lakesink_datasource.iceberg.summary_keys import TOMBSTONES
@@ -158,14 +157,10 @@ def test_a_compaction_that_loses_the_race_commits_nothing_and_deletes_its_files(
     assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
 
 
-def test_a_kill_during_the_rewrite_changes_nothing_and_remove_orphans_collects_the_leftovers(
-    warehouse: str, tmp_path: Path
-) -> None:
-    live = _upsert_history(warehouse)
-    files = _files_under(load(warehouse, IDENT))
-    # A separate process compacts and is SIGKILLed once its new files are written.
+def _compact_in_a_child_killed_at(point: str, warehouse: str, tmp_path: Path) -> None:
+    """Compact in a separate process that is SIGKILLed at fault point `point`."""
     faults = tmp_path / "faults.json"
-    faults.write_text(json.dumps([{"point": "compaction_files_written", "action": "kill"}]))
+    faults.write_text(json.dumps([{"point": point, "action": "kill"}]))
     script = (
         "import sys; sys.path.insert(0, 'tests'); from lakesink_testing import load; "
         "from lakesink_datasource.maintenance.compaction import compact; "
@@ -174,6 +169,14 @@ def test_a_kill_during_the_rewrite_changes_nothing_and_remove_orphans_collects_t
     child = subprocess.run([sys.executable, "-c", script], env={**os.environ, "LAKESINK_FAULTS": str(faults)},
                            start_new_session=True, check=False)
     assert child.returncode == -signal.SIGKILL
+
+
+def test_a_kill_during_the_rewrite_changes_nothing_and_remove_orphans_collects_the_leftovers(
+    warehouse: str, tmp_path: Path
+) -> None:
+    live = _upsert_history(warehouse)
+    files = _files_under(load(warehouse, IDENT))
+    _compact_in_a_child_killed_at("compaction_files_written", warehouse, tmp_path)
     table = load(warehouse, IDENT)
     leftovers = _files_under(table) - files
     assert leftovers and all("compacted-" in p for p in leftovers)  # the killed rewrite's files
@@ -188,17 +191,18 @@ def test_a_kill_during_the_rewrite_changes_nothing_and_remove_orphans_collects_t
     assert check_table(load(warehouse, IDENT)) == []
 
 
-def test_a_crash_right_after_the_compaction_commit_loses_nothing(warehouse: str, arm_fault) -> None:  # type: ignore[no-untyped-def]
+def test_a_kill_right_after_the_compaction_commit_loses_nothing(warehouse: str, tmp_path: Path) -> None:
     live = _upsert_history(warehouse)
-    arm_fault({"point": "after_compaction_commit", "action": "raise"})
-    with pytest.raises(InjectedFault):
-        compact(load(warehouse, IDENT), budget_bytes=UNLIMITED, tiered=False)
+    _compact_in_a_child_killed_at("after_compaction_commit", warehouse, tmp_path)
     table = load(warehouse, IDENT)
     assert table.metadata.current_snapshot().summary.operation.value == "replace"  # type: ignore[union-attr]
+    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
     _write(warehouse, [3], tag="next-", batch=30, **_keyed(warehouse))
     live[3] = _rows([3], "next-")[0]
     assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
-    assert remove_orphans(load(warehouse, IDENT), min_age_ms=0).orphans == []  # it cleaned up itself
+    assert check_table(load(warehouse, IDENT)) == []
+    # Killed before deleting the metadata file that left the log: remove-orphans collects it.
+    assert all(p.endswith(".metadata.json") for p in remove_orphans(load(warehouse, IDENT), min_age_ms=0).orphans)
 
 
 def test_fully_deleted_files_are_dropped_and_dry_run_changes_nothing(warehouse: str) -> None:
