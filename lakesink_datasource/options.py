@@ -142,8 +142,12 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
             "forward CREATE TABLE ... OPTIONS to INSERT for Python data sources; write "
             "INSERT INTO t WITH ('table' = 'ns.t', 'warehouse' = '...') SELECT ...)"
         )
-    if "." not in table or table.startswith(".") or table.endswith("."):
-        raise OptionError(f"option 'table' must be 'namespace.table', got {table!r}")
+    if "." not in table or any(not part.strip() for part in table.split(".")):
+        raise OptionError(f"option 'table' must be 'namespace.table' with no empty part, got {table!r}")
+    bad = sorted({c for c in table if c in "/\\" or not c.isprintable()})
+    if bad:
+        # Names become directory names: a slash would let two names share a directory.
+        raise OptionError(f"option 'table' must not contain {', '.join(repr(c) for c in bad)}, got {table!r}")
 
     operation = values.get("operation", "append").strip().lower()
     if operation not in OPERATIONS:
@@ -173,7 +177,13 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
     if "format_version" in values:
         kwargs["format_version"] = _int_option("format_version", values["format_version"], allowed=(2, 3))
     if "primary_key" in values:
-        kwargs["primary_key"] = _csv(values["primary_key"]) or None
+        key_columns = _csv(values["primary_key"])
+        if not key_columns:
+            raise OptionError(f"option 'primary_key' names no column, got {values['primary_key']!r}: give e.g. 'id' or 'tenant,id'")
+        repeated = sorted({c for c in key_columns if [k.lower() for k in key_columns].count(c.lower()) > 1})
+        if repeated:
+            raise OptionError(f"option 'primary_key' names {', '.join(repeated)} more than once")
+        kwargs["primary_key"] = key_columns
     if "delete_ops" in values:
         ops = _csv(values["delete_ops"])
         if not ops:

@@ -23,6 +23,7 @@ from pyiceberg.types import (
     LongType,
     MapType,
     NestedField,
+    PrimitiveType,
     StringType,
     StructType,
     TimestampType,
@@ -104,8 +105,26 @@ def spark_to_iceberg_schema(struct: T.StructType, identifier_columns: tuple[str,
         NestedField(f.field_id, f.name, f.field_type, required=True, doc=f.doc) if f.name.lower() in lowered else f
         for f in fields
     ]
+    for f in fields:
+        if f.name.lower() in lowered and (not isinstance(f.field_type, PrimitiveType) or isinstance(f.field_type, (FloatType, DoubleType))):
+            raise SchemaError(
+                f"primary key column '{f.name}' has type {f.field_type}, which cannot be a key "
+                "(use an integer, string, date, timestamp, decimal, binary or boolean column)"
+            )
     identifier_ids = [f.field_id for f in fields if f.name.lower() in lowered]
     return Schema(*fields, identifier_field_ids=identifier_ids)
+
+
+def check_dataframe_columns(struct: T.StructType) -> None:
+    """Columns a table can be made of: at least one, names unique ignoring case (Iceberg
+    matches names case-insensitively here, so `a` and `A` would write one column twice)."""
+    if not struct.fields:
+        raise SchemaError("the DataFrame has no columns: an Iceberg table needs at least one")
+    seen: dict[str, str] = {}
+    for f in struct.fields:
+        other = seen.setdefault(f.name.lower(), f.name)
+        if other != f.name or [g.name for g in struct.fields].count(f.name) > 1:
+            raise SchemaError(f"DataFrame columns '{other}' and '{f.name}' differ only in case (or repeat): rename one")
 
 
 def _compatible(source: IcebergType, target: IcebergType) -> bool:

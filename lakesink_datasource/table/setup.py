@@ -19,7 +19,7 @@ from lakesink_datasource.catalog import loader
 from lakesink_datasource.iceberg.compat import v3_metadata_writes
 from lakesink_datasource.iceberg.properties import CREATE_DEFAULTS, FORMAT_VERSION, PropertyError, TableSettings
 from lakesink_datasource.options import KEYED_OPERATIONS, OptionError, WriteOptions
-from lakesink_datasource.schema.spark_types import SchemaError, column_mapping, spark_to_iceberg_schema
+from lakesink_datasource.schema.spark_types import SchemaError, check_dataframe_columns, column_mapping, spark_to_iceberg_schema
 from lakesink_datasource.table.partition_spec import parse_partition_spec
 from lakesink_datasource.table.plan import KeyedPlan, WritePlan
 
@@ -147,6 +147,7 @@ def _plan_keys(options: WriteOptions, spark_schema: StructType, table: Table) ->
 def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool) -> WritePlan:
     # Validate everything that does not need the table first, so a bad option never
     # creates a table as a side effect.
+    check_dataframe_columns(spark_schema)
     _check_keyed_options(options, spark_schema, overwrite)
     probe = spark_to_iceberg_schema(_stored_columns(options, spark_schema), options.primary_key or ())
     parse_partition_spec(options.partition_by, probe)

@@ -1,0 +1,60 @@
+"""Bad input found while planning, before any table is created or written (no Spark needed:
+`plan_write` gets the DataFrame's schema as Spark would hand it)."""
+
+from __future__ import annotations
+
+import pytest
+from lakesink_testing import load, table_exists
+from pyspark.sql import types as T
+
+from lakesink_datasource.options import OptionError, parse_options
+from lakesink_datasource.schema.spark_types import SchemaError
+from lakesink_datasource.table.setup import plan_write
+
+ID_V = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.StringType())])
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("db.a/b", "must not contain '/'"),
+        ("db/a.b", "must not contain '/'"),
+        ("db.a\\b", "must not contain"),
+        ("db.a\nb", "must not contain '\\\\n'"),
+        ("db..t", "no empty part"),
+        ("db. .t", "no empty part"),
+    ],
+)
+def test_table_names_that_are_not_safe_directory_names_are_refused(warehouse: str, table: str, message: str) -> None:
+    with pytest.raises(OptionError, match=message):
+        parse_options({"table": table, "warehouse": warehouse})
+
+
+@pytest.mark.parametrize(
+    ("options", "schema", "error", "message"),
+    [
+        ({"operation": "upsert", "primary_key": " , "}, ID_V, OptionError, "option 'primary_key' names no column"),
+        ({"operation": "upsert", "primary_key": "id,ID"}, ID_V, OptionError, "names id, ID more than once|names ID, id more than once"),
+        ({"operation": "upsert", "primary_key": "d"}, T.StructType([T.StructField("d", T.DoubleType())]), SchemaError,
+         "primary key column 'd' has type double, which cannot be a key"),
+        ({}, T.StructType([T.StructField("a", T.LongType()), T.StructField("A", T.LongType())]), SchemaError,
+         "columns 'a' and 'A' differ only in case"),
+        ({}, T.StructType([]), SchemaError, "the DataFrame has no columns"),
+    ],
+    ids=["empty-key", "repeated-key", "double-key", "case-duplicates", "no-columns"],
+)
+def test_bad_input_is_named_before_a_table_is_created(
+    warehouse: str, options: dict[str, str], schema: T.StructType, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        plan_write(parse_options({"table": "db.t", "warehouse": warehouse, **options}), schema, overwrite=False)
+    assert not table_exists(warehouse, "db.t")
+
+
+def test_case_duplicates_are_refused_on_an_existing_table_too(warehouse: str) -> None:
+    plan_write(parse_options({"table": "db.t", "warehouse": warehouse}), ID_V, overwrite=False)
+    before = load(warehouse, "db.t").metadata_location
+    twice = T.StructType([*ID_V.fields, T.StructField("V", T.StringType())])
+    with pytest.raises(SchemaError, match="columns 'v' and 'V' differ only in case"):
+        plan_write(parse_options({"table": "db.t", "warehouse": warehouse}), twice, overwrite=False)
+    assert load(warehouse, "db.t").metadata_location == before
