@@ -36,10 +36,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
     DataFile,
@@ -55,6 +56,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 
 from lakesink_datasource.catalog.table_args import add_table_arguments, check_table_arguments, load_table_from_arguments
+from lakesink_datasource.iceberg.live_files import read_deletion_vector
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
 from lakesink_datasource.iceberg.manifests import (
     content_offset,
@@ -179,6 +181,39 @@ class _Checker:
         data_by_path = self._index_data_files(live_data)
         self._check_deletes(live_deletes, data_by_path)
         self._check_totals(snapshot, live_data, live_deletes)
+        self._check_unique_keys(live_data, live_deletes)
+
+    def _check_unique_keys(self, live_data: list[_Live], live_deletes: list[_Live]) -> None:
+        """A table with identifier fields holds at most one live row per key."""
+        schema = self.metadata.schema()
+        names = [schema.find_column_name(i) for i in sorted(schema.identifier_field_ids)]
+        if not names or any(n is None for n in names):
+            return
+        if any(d.file.content == DataFileContent.EQUALITY_DELETES for d in live_deletes):
+            return  # which rows equality deletes hide depends on sequence numbers: not checked here
+        hidden: dict[str, set[int]] = defaultdict(set)
+        for d in live_deletes:
+            if is_deletion_vector(d.file):
+                target = referenced_data_file(d.file)
+                if target is not None:
+                    hidden[target] |= set(read_deletion_vector(self.io, d.file))
+            else:
+                with self.io.new_input(d.file.file_path).open() as stream:
+                    deletes = pq.read_table(stream, columns=["file_path", "pos"]).to_pydict()
+                for path, pos in zip(deletes["file_path"], deletes["pos"]):
+                    hidden[path].add(pos)
+        counts: Counter[tuple] = Counter()
+        for live in live_data:
+            with self.io.new_input(live.file.file_path).open() as stream:
+                keys = pq.read_table(stream, columns=names).to_pylist()
+            gone = hidden.get(live.file.file_path, set())
+            counts.update(tuple(row[n] for n in names) for pos, row in enumerate(keys) if pos not in gone)
+        repeated = [k for k, n in counts.items() if n > 1]
+        if repeated:
+            self.fail(
+                f"table: {len(repeated)} key(s) of identifier fields ({', '.join(str(n) for n in names)}) have more than one "
+                f"live row, e.g. {repeated[0]} ({counts[repeated[0]]} rows)"
+            )
 
     def _check_manifest_header(self, manifest: ManifestFile, snapshot: Snapshot, where: str) -> None:
         if manifest.partition_spec_id not in self.metadata.specs():
@@ -204,14 +239,20 @@ class _Checker:
             is_data = f.content == DataFileContent.DATA
             if is_data != (manifest.content == ManifestContent.DATA):
                 self.fail(f"{what}: content {f.content.name} in a {manifest.content.name} manifest")
-            # read_entries fills inherited numbers in only for ADDED entries, so an ADDED
-            # entry differing from its manifest wrote a wrong explicit one, and an
-            # EXISTING/DELETED entry still at None lost its original one.
+            # read_entries fills inherited numbers in only for ADDED entries. An ADDED entry's
+            # file sequence number is its commit's; its data sequence number may be older
+            # (a compaction keeping the starting sequence number, as Iceberg Java's
+            # rewrite_data_files does) but never newer. An EXISTING/DELETED entry still at
+            # None lost its original numbers.
             if entry.status == ManifestEntryStatus.ADDED:
-                if entry.sequence_number != manifest.sequence_number or entry.file_sequence_number != manifest.sequence_number:
+                if entry.file_sequence_number != manifest.sequence_number or (
+                    entry.sequence_number is None
+                    or (manifest.sequence_number is not None and entry.sequence_number > manifest.sequence_number)
+                ):
                     self.fail(
                         f"{what}: sequence numbers ({entry.sequence_number}, {entry.file_sequence_number}) "
-                        f"differ from the manifest's {manifest.sequence_number}"
+                        f"do not fit the manifest's {manifest.sequence_number} (file sequence number must equal it, "
+                        "data sequence number must not exceed it)"
                     )
             elif entry.sequence_number is None or entry.file_sequence_number is None:
                 self.fail(f"{what}: sequence numbers must be explicit, got ({entry.sequence_number}, {entry.file_sequence_number})")
