@@ -77,6 +77,7 @@ class TaskResult(msgspec.Struct, frozen=True):
     # can refuse a batch whose key reached two hosts (their indexes cannot agree).
     key_hashes: bytes = b""
     tombstones: str | None = None  # Parquet file of deleted keys with their sequence
+    index_healed: bool = False  # the host's index was damaged and rebuilt by this task
 
 
 _encoder = msgspec.msgpack.Encoder()

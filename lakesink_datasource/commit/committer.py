@@ -119,6 +119,22 @@ def _refuse_keys_on_several_hosts(results: list[TaskResult]) -> None:
             seen = keys
 
 
+def _refuse_keys_across_a_rebuilt_index(results: list[TaskResult]) -> None:
+    """A task that found its host's index damaged rebuilt it from the table, dropping what
+    other tasks of this batch on that host had recorded in it: had they changed a key this
+    task also changed, both would have written a row for it. Refuse the batch then."""
+    for healed in (r for r in results if r.index_healed and r.key_hashes):
+        mine = np.frombuffer(healed.key_hashes, dtype="<u8")
+        for other in results:
+            if other is healed or other.host != healed.host or not other.key_hashes:
+                continue
+            if len(np.intersect1d(mine, np.frombuffer(other.key_hashes, dtype="<u8"))):
+                raise CommitError(
+                    f"the key index on host {healed.host} was damaged and rebuilt during this batch while other tasks "
+                    "changed the same keys; the batch is refused (restart the query: the replay resolves the keys again)"
+                )
+
+
 def _pending_properties(plan: WritePlan, base: TableMetadata, query_id: str | None, batch_id: int | None) -> dict[str, str]:
     """Table properties this commit sets: the write's `property.<key>` options that differ from
     the table's, and the query's last committed epoch (replay detection that survives expiry)."""
@@ -185,6 +201,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
 
     metadata = table.metadata
     _refuse_keys_on_several_hosts(results)
+    _refuse_keys_across_a_rebuilt_index(results)
     delta = RowDelta(
         added_data_files=[data_file(m, metadata) for r in results for m in r.data_files],
         position_deletes=_merge_position_deletes(results, metadata),

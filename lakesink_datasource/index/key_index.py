@@ -624,6 +624,74 @@ def _data_inode(path: str) -> int | None:
         return None
 
 
+# LMDB's meta pages (pages 0 and 1): a 16-byte page header, then magic, version, address,
+# map size, two 48-byte database records, the last used page number and the transaction id.
+_META_MAGIC = 0xBEEFC0DE
+_META = struct.Struct("<IIQQ96xQQ")
+_PAGE_HEADER = 16
+
+
+def damage(path: str) -> str | None:
+    """Why the index at `path` cannot be opened safely, or None. LMDB maps its file into
+    memory: a file shorter than the pages its meta page says are used makes the process die
+    of SIGBUS on first touch, so truncation is detected before opening."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        return "not a directory"
+    data = os.path.join(path, "data.mdb")
+    try:
+        size = os.path.getsize(data)
+        with open(data, "rb") as f:
+            head = f.read(2 * _PAGE)
+    except FileNotFoundError:
+        return None  # no index yet
+    if size == 0:
+        return None
+    metas = []
+    for page in (0, 1):
+        raw = head[page * _PAGE + _PAGE_HEADER : page * _PAGE + _PAGE_HEADER + _META.size]
+        if len(raw) == _META.size:
+            magic, _version, _address, _map_size, last_page, txn_id = _META.unpack(raw)
+            if magic == _META_MAGIC:
+                metas.append((txn_id, last_page))
+    if not metas:
+        return "no valid meta page"
+    _txn, last_page = max(metas)
+    if size < (last_page + 1) * _PAGE:
+        return f"truncated ({size} bytes, its meta page uses {(last_page + 1) * _PAGE})"
+    return None
+
+
+_PAGE = 4096  # LMDB's page size is the OS page size: 4 KiB on the platforms lakesink runs on
+
+
+def remove_environment(path: str) -> None:
+    """Delete the LMDB files at `path` (or a file standing where the directory should be),
+    keeping anything else in the directory (the host's writer lock)."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        os.remove(path)
+        return
+    for name in ("data.mdb", "lock.mdb"):
+        try:
+            os.remove(os.path.join(path, name))
+        except FileNotFoundError:
+            pass
+
+
+def reopen_empty(path: str, map_size: int = 1 << 36) -> KeyIndex:
+    """Close this process's handle of the index at `path`, delete its files and open a new,
+    empty one (the next sync rebuilds it from the table)."""
+    key = os.path.abspath(path)
+    with _CACHE_LOCK:
+        index = _CACHE.pop(key, None)
+        if index is not None:
+            index.close()
+        remove_environment(key)
+        os.makedirs(key, exist_ok=True)
+        index = KeyIndex(key, map_size=map_size)
+        _CACHE[key] = index
+        return index
+
+
 def open_index(path: str, map_size: int = 1 << 36) -> KeyIndex:
     """The process-wide `KeyIndex` for `path`, opening it on first use.
 
@@ -637,6 +705,9 @@ def open_index(path: str, map_size: int = 1 << 36) -> KeyIndex:
             # at unlinked files other processes no longer see. Reopen what is there now.
             index.close()
             os.makedirs(key, exist_ok=True)
+        if index is not None and not index.closed and damage(key) is not None:
+            # Truncated under this (reused) process: touching the mapped pages would kill it.
+            index.close()
         if index is not None and not index.closed:
             if index._pid != os.getpid():
                 # LMDB handles do not survive fork(); the child must not touch the parent's.
@@ -645,11 +716,13 @@ def open_index(path: str, map_size: int = 1 << 36) -> KeyIndex:
                 )
             return index
         try:
+            if damage(key) is not None:
+                raise lmdb.CorruptedError(f"key index {key}: {damage(key)}")
             index = KeyIndex(key, map_size=map_size)
         except lmdb.Error:
-            # A damaged cache (e.g. after an OS crash with unsynced pages): start empty; the
-            # next sync finds no state and rebuilds from the table.
-            shutil.rmtree(key, ignore_errors=True)
+            # A damaged cache (an OS crash with unsynced pages, a truncated or overwritten
+            # file): start empty; the next sync finds no state and rebuilds from the table.
+            remove_environment(key)
             os.makedirs(key, exist_ok=True)
             index = KeyIndex(key, map_size=map_size)
         _CACHE[key] = index

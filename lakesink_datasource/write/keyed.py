@@ -17,11 +17,13 @@ Decision per key (the model: live rows are a map key -> latest row):
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
 
+import lmdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -31,7 +33,16 @@ from pyroaring import BitMap64
 
 from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.host_lock import host_lock
-from lakesink_datasource.index.key_index import KeyIndex, Location, open_index, pack_location, pack_locations
+from lakesink_datasource.index.key_index import (
+    KeyIndex,
+    Location,
+    damage,
+    open_index,
+    pack_location,
+    pack_locations,
+    remove_environment,
+    reopen_empty,
+)
 from lakesink_datasource.index.sync import (
     SEQUENCE,
     TOMBSTONE,
@@ -47,6 +58,8 @@ from lakesink_datasource.messages import PositionDeletesMessage
 from lakesink_datasource.schema.arrow_align import BatchAligner
 from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.write.changes import resolve_changes
+
+log = logging.getLogger("lakesink")
 
 
 def index_location(plan: WritePlan, metadata: TableMetadata) -> str:
@@ -75,17 +88,24 @@ class KeyedWriter:
         self._spec_id = metadata.spec().spec_id
         self.host = host_name()
         path = index_location(plan, metadata)
+        if damage(path) == "not a directory":
+            remove_environment(path)
         os.makedirs(path, exist_ok=True)
         self._lock_path = os.path.join(path, "writers.lock")
-        self._index: KeyIndex = open_index(path)
         self._token = token_for(plan.write_id, self.host, partition_id, attempt)
+        columns = KeyColumns(self._keyed.table_key_columns, self._keyed.table_sequence_column)
         started = time.perf_counter()
+        self.healed = False  # the index was damaged and rebuilt from the table by this task
         with host_lock(self._lock_path):
-            sync(
-                self._index, io, metadata,
-                KeyColumns(self._keyed.table_key_columns, self._keyed.table_sequence_column),
-                write_id=plan.write_id, host=self.host, partition_id=partition_id, attempt=attempt,
-            )
+            try:
+                self._index: KeyIndex = open_index(path)
+                sync(self._index, io, metadata, columns, write_id=plan.write_id, host=self.host, partition_id=partition_id, attempt=attempt)
+            except lmdb.Error as exc:
+                # The index is a cache: a damaged one is dropped and rebuilt from the table.
+                log.warning("lakesink: key index %s is damaged (%s); rebuilding it from the table", path, exc)
+                self.healed = True
+                self._index = reopen_empty(path)
+                sync(self._index, io, metadata, columns, write_id=plan.write_id, host=self.host, partition_id=partition_id, attempt=attempt)
         self.index_seconds = time.perf_counter() - started
         self._ordinals: dict[str, int] = {}  # encoded FileRef -> ordinal (this task's new files)
         self._hidden: dict[int, list[np.ndarray]] = defaultdict(list)  # ordinal -> positions

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 
+import lmdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -36,6 +38,7 @@ from lakesink_datasource.iceberg.manifest_list import ManifestListWriter, read_m
 from lakesink_datasource.iceberg.manifests import read_entries, referenced_data_file, write_manifest
 from lakesink_datasource.iceberg.partition_key import encode_partition
 from lakesink_datasource.iceberg.summary import ChangeCounts, build_summary
+from lakesink_datasource.index import key_index
 from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
 from lakesink_datasource.schema.arrow_align import table_arrow_schema
 
@@ -513,3 +516,58 @@ def test_index_deleted_while_worker_processes_keep_it_open(workers: list) -> Non
             _run_on_workers(harness, workers, batch, batch_id, [w for w, _ in schedule[batch_id]])
             model.apply_batch(batch)
             harness.assert_matches(model.expected(), f"after batch {batch_id}")
+
+
+# ----------------------------------------------------------------- damaged index
+
+
+def _run_batch_like_spark(harness: Harness, batch: list, batch_id: int) -> None:
+    """Run a batch's tasks; a task that fails is retried once as attempt 1 (Spark's retry)."""
+    plan = harness.plan()
+    messages = []
+    for i, task in enumerate(batch):
+        try:
+            messages.append(harness.write(plan, task, batch_id, partition_id=i))
+        except lmdb.Error:
+            messages.append(harness.write(plan, task, batch_id, partition_id=i, attempt=1))
+    harness.commit(plan, messages, batch_id)
+
+
+@pytest.mark.parametrize("kind", ["random-bytes", "truncated-while-open", "file-instead-of-directory"])
+def test_a_damaged_index_is_rebuilt_from_the_table_and_results_stay_exact(kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    config = Config("cdc", "bucket(4, id)", True)
+    first = [[[Change(k, "c", seq=1) for k in range(0, 400)]]]
+    second = [[[Change(k, "u", seq=2) for k in range(0, 400, 3)]]]
+    third = [[[Change(k, "u" if k % 2 else "d", seq=3) for k in range(0, 400, 5)]], [[Change(k, "c", seq=3) for k in range(400, 420)]]]
+    late = [[[Change(k, "u", seq=2) for k in range(0, 400, 10)]]]  # older than third's changes: ignored
+    labelled = label_batches(config, [first, second, third, late])
+    with Harness(config) as harness:
+        model = Model(config)
+        for batch_id, batch in enumerate(labelled[:2]):
+            harness.run_batch(batch, batch_id)
+            model.apply_batch(batch)
+        path = os.path.join(harness.index_dir, str(harness.table().metadata.table_uuid))
+        data = os.path.join(path, "data.mdb")
+        if kind == "random-bytes":
+            for name, index in list(key_index._CACHE.items()):
+                if name.startswith(os.path.abspath(harness.index_dir)):
+                    index.close()
+            size = os.path.getsize(data)
+            with open(data, "r+b") as f:
+                f.seek(2 * 4096)
+                f.write(np.random.default_rng(7).bytes(size - 2 * 4096))
+        elif kind == "truncated-while-open":
+            os.truncate(data, os.path.getsize(data) // 3)  # this process keeps its mapping
+        else:
+            for name, index in list(key_index._CACHE.items()):
+                if name.startswith(os.path.abspath(harness.index_dir)):
+                    index.close()
+            shutil.rmtree(path)
+            with open(path, "w") as f:
+                f.write("not an index")
+        caplog.set_level("INFO", logger="lakesink")
+        for batch_id, batch in enumerate(labelled[2:], start=2):
+            _run_batch_like_spark(harness, batch, batch_id)
+            model.apply_batch(batch)
+            harness.assert_matches(model.expected(), f"after batch {batch_id} ({kind})")
+        assert any("rebuilt key index" in r.getMessage() for r in caplog.records)
