@@ -119,6 +119,11 @@ def _refuse_keys_on_several_hosts(results: list[TaskResult]) -> None:
             seen = keys
 
 
+def _touched_keys(results: list[TaskResult]) -> np.ndarray:
+    parts = [np.frombuffer(r.key_hashes, dtype="<u8") for r in results if r.key_hashes]
+    return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.uint64)
+
+
 def _refuse_keys_across_a_rebuilt_index(results: list[TaskResult]) -> None:
     """A task that found its host's index damaged rebuilt it from the table, dropping what
     other tasks of this batch on that host had recorded in it: had they changed a key this
@@ -210,6 +215,8 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
         # Sequenced deletes of absent keys change no file, but their tombstones must be
         # recorded (and the index tokens committed) or a later, older change would apply.
         record_only=any(r.tombstones for r in results),
+        touched_keys=_touched_keys(results) if plan.keyed is not None else None,
+        key_columns=plan.keyed.table_key_columns if plan.keyed is not None else (),
     )
     if delta.is_empty:
         return CommitOutcome(None, "nothing to commit", 0, stats)

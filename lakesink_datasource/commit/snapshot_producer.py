@@ -23,6 +23,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
+import numpy as np
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntry, ManifestFile
 from pyiceberg.table.metadata import TableMetadata
@@ -30,7 +31,11 @@ from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 
 from lakesink_datasource.commit.deletion_vectors import PendingDeletes, write_deletion_vectors
 from lakesink_datasource.commit.manifest_merge import merge_manifests
-from lakesink_datasource.commit.validation import validate_delete_targets_exist, validate_rewritten_files_unchanged
+from lakesink_datasource.commit.validation import (
+    validate_delete_targets_exist,
+    validate_no_concurrent_key_changes,
+    validate_rewritten_files_unchanged,
+)
 from lakesink_datasource.iceberg.live_files import live_deletion_vectors
 from lakesink_datasource.iceberg.manifest_list import ManifestListWriter, read_manifest_list
 from lakesink_datasource.iceberg.manifests import read_entries, referenced_data_file, write_manifest
@@ -63,6 +68,10 @@ class RowDelta:
     # Data files this commit removes, each with the DV (Puffin path and offset) it had when
     # the rewrite read it, None for none: the rows were rewritten from exactly that state.
     rewritten: Mapping[str, tuple[str, int | None] | None] = field(default_factory=dict)
+    # Keyed writes: hashes of the keys the batch changed and the table's key columns, so
+    # concurrent commits that wrote the same keys are found (validate).
+    touched_keys: np.ndarray | None = None
+    key_columns: tuple[str, ...] = ()
 
     @property
     def is_empty(self) -> bool:
@@ -142,6 +151,10 @@ class SnapshotProducer:
             )
         if self._delta.rewritten:
             validate_rewritten_files_unchanged(self._io, base, self._delta.rewritten)
+        if self._delta.touched_keys is not None:
+            validate_no_concurrent_key_changes(
+                self._io, base, self._delta.planned_snapshot_id, self._delta.touched_keys, self._delta.key_columns
+            )
 
     # -- step 2: deletes ------------------------------------------------------------------
 

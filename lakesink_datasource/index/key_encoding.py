@@ -272,3 +272,28 @@ def _rows_from_parts(parts: list[_Encoded], n: int) -> list[bytes]:
         pa.large_binary(), n, [None, pa.py_buffer(row_offsets), pa.py_buffer(out)]
     )
     return binary.to_pylist()
+
+
+_FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
+
+
+def key_hashes(keys: Sequence[bytes]) -> np.ndarray:
+    """64-bit hashes of the encoded keys, vectorised (FNV-1a over the zero-padded bytes, the
+    length mixed in so padding cannot collide, then a splitmix64 finaliser). Tasks report the
+    keys they touched this way, and the commit compares them with other writers' keys."""
+    if not keys:
+        return np.empty(0, dtype=np.uint64)
+    lengths = np.fromiter(map(len, keys), dtype=np.uint64, count=len(keys))
+    width = int(lengths.max())
+    matrix = np.array(keys, dtype=f"S{width}").view(np.uint8).reshape(len(keys), width)
+    h = np.full(len(keys), _FNV_OFFSET, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(width):
+            h = (h ^ matrix[:, j]) * _FNV_PRIME
+        h = (h ^ lengths) * _FNV_PRIME
+        h ^= h >> np.uint64(30)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(27)
+        h *= np.uint64(0x94D049BB133111EB)
+        h ^= h >> np.uint64(31)
+    return h

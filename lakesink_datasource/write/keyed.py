@@ -33,6 +33,7 @@ from pyroaring import BitMap64
 
 from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.host_lock import host_lock
+from lakesink_datasource.index.key_encoding import key_hashes
 from lakesink_datasource.index.key_index import (
     KeyIndex,
     Location,
@@ -142,7 +143,7 @@ class KeyedWriter:
         )
         if not changes.keys:
             return
-        self._hashes.append(_hashes(changes.keys))
+        self._hashes.append(key_hashes(changes.keys))
         rows = aligned.take(pa.array(changes.rows))
         started = time.perf_counter()
 
@@ -254,25 +255,3 @@ class KeyedWriter:
         if not self._hashes:
             return b""
         return np.unique(np.concatenate(self._hashes)).astype("<u8").tobytes()
-
-
-_FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
-
-
-def _hashes(keys: list[bytes]) -> np.ndarray:
-    """64-bit hashes of the encoded keys, vectorised (FNV-1a over the zero-padded bytes, the
-    length mixed in so padding cannot collide, then a splitmix64 finaliser)."""
-    lengths = np.fromiter(map(len, keys), dtype=np.uint64, count=len(keys))
-    width = int(lengths.max())
-    matrix = np.array(keys, dtype=f"S{width}").view(np.uint8).reshape(len(keys), width)
-    h = np.full(len(keys), _FNV_OFFSET, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for j in range(width):
-            h = (h ^ matrix[:, j]) * _FNV_PRIME
-        h = (h ^ lengths) * _FNV_PRIME
-        h ^= h >> np.uint64(30)
-        h *= np.uint64(0xBF58476D1CE4E5B9)
-        h ^= h >> np.uint64(27)
-        h *= np.uint64(0x94D049BB133111EB)
-        h ^= h >> np.uint64(31)
-    return h
