@@ -4,7 +4,8 @@ Driver:   DataSource.writer()/streamWriter() -> table.setup.plan_write (resolve/
           table, validate, pin its state) -> a picklable writer holding the WritePlan.
 Executor: writer.write(Arrow batches) -> write.task.write_task -> commit message.
 Driver:   writer.commit(messages[, batchId]) -> commit.committer.commit_write (one snapshot),
-          then maintenance.after_batch (compaction, orphan removal) unless maintenance=off.
+          then the batch's tombstones into the companion table (sequenced keyed writes) and
+          maintenance.after_batch (compaction, orphan removal) unless maintenance=off.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from lakesink_datasource.catalog import loader
 from lakesink_datasource.commit.committer import abort_write, commit_write
 from lakesink_datasource.maintenance.after_batch import maintain_after_commit
+from lakesink_datasource.maintenance.tombstone_storing import store_tombstones_safely
 from lakesink_datasource.messages import decode_messages
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.table.plan import WritePlan
@@ -58,6 +61,21 @@ class LakeSinkDataSource(DataSource):
         return LakeSinkStreamWriter(plan_write(parse_options(self.options), schema, overwrite))
 
 
+def _commit(plan: WritePlan, messages: list[WriterCommitMessage | None], batch_id: int | None) -> None:
+    """One batch's commit in the driver: its snapshot, then what follows from it."""
+    sequenced = plan.keyed is not None and plan.keyed.sequence_source is not None
+    if sequenced:
+        # Deletes of a batch whose storing did not happen are stored before this commit
+        # may expire the snapshot that names them.
+        store_tombstones_safely(loader.load(plan.catalog), plan.identifier)
+    outcome = commit_write(plan, decode_messages(messages), batch_id=batch_id)
+    if outcome.snapshot_id is None:
+        return
+    if sequenced:
+        store_tombstones_safely(loader.load(plan.catalog), plan.identifier)
+    maintain_after_commit(plan, outcome.stats.bytes_written, batch_id=batch_id)
+
+
 class LakeSinkBatchWriter(DataSourceArrowWriter):
     def __init__(self, plan: WritePlan):
         self.plan = plan
@@ -66,9 +84,7 @@ class LakeSinkBatchWriter(DataSourceArrowWriter):
         return write_task(self.plan, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        outcome = commit_write(self.plan, decode_messages(messages), batch_id=None)
-        if outcome.snapshot_id is not None:
-            maintain_after_commit(self.plan, outcome.stats.bytes_written, batch_id=None)
+        _commit(self.plan, messages, batch_id=None)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         abort_write(self.plan, decode_messages(messages), batch_id=None)
@@ -82,9 +98,7 @@ class LakeSinkStreamWriter(DataSourceStreamArrowWriter):
         return write_task(self.plan, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        outcome = commit_write(self.plan, decode_messages(messages), batch_id=batchId)
-        if outcome.snapshot_id is not None:
-            maintain_after_commit(self.plan, outcome.stats.bytes_written, batch_id=batchId)
+        _commit(self.plan, messages, batch_id=batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         abort_write(self.plan, decode_messages(messages), batch_id=batchId)

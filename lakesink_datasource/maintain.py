@@ -31,6 +31,8 @@ from lakesink_datasource.iceberg.properties import TableSettings
 from lakesink_datasource.maintenance.compaction import CompactionResult, compact, plan_for
 from lakesink_datasource.maintenance.expire import ExpiryResult, expire_snapshots
 from lakesink_datasource.maintenance.orphans import OrphanScan, remove_orphans
+from lakesink_datasource.maintenance.tombstone_storing import store_tombstones
+from lakesink_datasource.table.tombstone_table import companion_identifier
 
 ACTIONS = ("compact", "expire", "remove-orphans", "all")
 UNLIMITED = 1 << 62
@@ -99,6 +101,11 @@ def maintain_table(
         report.lines.append(f"{verb}: {report.compaction.describe()}" if report.compaction.skipped_reason != "nothing to compact"
                             else "compaction: nothing to compact")
     if action in ("expire", "all"):
+        if not dry_run:
+            # A keyed table's deletes go to its companion table before their snapshots expire.
+            stored = store_tombstones(table.catalog, ".".join(table.name()))
+            if stored:
+                report.lines.append(f"tombstones: stored {stored} in {companion_identifier('.'.join(table.name()))}")
         report.expiry = expire_snapshots(table, max_age_ms=older_than_ms, dry_run=dry_run)
         table = table.refresh()
         report.lines.append(f"expiry: {report.expiry.describe(dry_run)}")

@@ -39,6 +39,7 @@ from lakesink_datasource.catalog import loader
 from lakesink_datasource.check import check_table
 from lakesink_datasource.commit.committer import CommitOutcome, commit_write
 from lakesink_datasource.index import key_index
+from lakesink_datasource.maintenance.tombstone_storing import store_tombstones_safely
 from lakesink_datasource.messages import LakeSinkCommitMessage, decode_messages
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.table.plan import WritePlan
@@ -309,7 +310,15 @@ class Harness:
         return write_task(plan, iter(batches), who=who)
 
     def commit(self, plan: WritePlan, messages: list, batch_id: int) -> CommitOutcome:
-        return commit_write(plan, decode_messages(messages), batch_id)
+        """As the Spark commit does it: the batch's snapshot, with its deletes stored in the
+        companion table before and after (sequenced writes); no other maintenance."""
+        sequenced = plan.keyed is not None and plan.keyed.sequence_source is not None
+        if sequenced:
+            store_tombstones_safely(loader.load(plan.catalog), plan.identifier)
+        outcome = commit_write(plan, decode_messages(messages), batch_id)
+        if sequenced and outcome.snapshot_id is not None:
+            store_tombstones_safely(loader.load(plan.catalog), plan.identifier)
+        return outcome
 
     def run_batch(self, batch: list[list[list[dict]]], batch_id: int) -> CommitOutcome:
         plan = self.plan()

@@ -25,7 +25,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyroaring import BitMap64
 
 from lakesink_datasource.catalog import loader
-from lakesink_datasource.commit import cleanup, tombstones
+from lakesink_datasource.commit import cleanup
 from lakesink_datasource.commit.data_files import data_file
 from lakesink_datasource.commit.deletion_vectors import PendingDeletes
 from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
@@ -154,22 +154,13 @@ def _attempt(
     query_id: str | None, batch_id: int | None,
 ) -> PreparedCommit:
     base = table.metadata
-    summary = dict(extra)
     expired: list[int] = []
-    carried = tombstones.CarriedTombstones()
     if plan.options.maintenance == "auto":
         settings = TableSettings.of({**base.properties, **plan.options.table_properties}, base.location)
         now_ms = int(time.time() * 1000)
         expired = snapshots_to_expire(base, now_ms, settings.max_snapshot_age_ms, settings.min_snapshots_to_keep, adds_head=True)
-        own = tombstones.tombstone_paths(extra.get(keys.TOMBSTONES))
-        carried = tombstones.carry(table.io, base, expired, own, settings.data_path)
-        if carried.paths:
-            summary[keys.TOMBSTONES] = ",".join(carried.paths)
-    snapshot = producer.produce(base, attempt, summary)
-    return PreparedCommit(
-        base, snapshot, _pending_properties(plan, base, query_id, batch_id), expired,
-        written_files=carried.written, obsolete_files=carried.obsolete,
-    )
+    snapshot = producer.produce(base, attempt, extra)
+    return PreparedCommit(base, snapshot, _pending_properties(plan, base, query_id, batch_id), expired)
 
 
 def _after_commit(table: Table, before: Table, attempt: PreparedCommit) -> int:
@@ -177,7 +168,6 @@ def _after_commit(table: Table, before: Table, attempt: PreparedCommit) -> int:
     deleted = cleanup.delete_files(table.io, cleanup.dropped_metadata_files(before.metadata, before.metadata_location, table.metadata))
     if attempt.expired:
         deleted += len(cleanup.expire(table.io, attempt.base, attempt.expired, attempt.snapshot))
-    deleted += cleanup.delete_files(table.io, attempt.obsolete_files)
     return deleted
 
 
@@ -243,7 +233,6 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
             committed = swap_in(table, attempt)
         except CommitFailedException as exc:
             log.info("lakesink: commit attempt %d lost a race (%s); retrying on the new table state", attempt_number + 1, exc)
-            cleanup.delete_files(table.io, attempt.written_files)
             table = catalog.load_table(plan.identifier)
             if idempotency.is_epoch_committed(table.metadata, query_id, batch_id) or any(
                 idempotency.is_write_committed(table.metadata, w, planned_snapshot_id) for w in write_ids

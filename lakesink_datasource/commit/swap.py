@@ -34,8 +34,6 @@ class PreparedCommit:
     snapshot: Snapshot | None  # None: only properties and expiry (e.g. `maintain expire`)
     properties: dict[str, str] = field(default_factory=dict)
     expired: list[int] = field(default_factory=list)
-    written_files: list[str] = field(default_factory=list)  # this attempt's own files besides the producer's
-    obsolete_files: list[str] = field(default_factory=list)  # unreferenced once this lands: deleted after
 
 
 def swap_in(table: Table, prepared: PreparedCommit) -> Table:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,25 +108,40 @@ def index_files(
     return indexed
 
 
-def restore_tombstones(index: KeyIndex, io: FileIO, metadata: TableMetadata, columns: KeyColumns, token: str) -> int:
-    """Re-create the tombstones of sequenced deletes (recorded per batch in the summary)
-    for keys that are not live: the highest deleted sequence per key is kept."""
+# A source of stored tombstone rows (key columns + SEQUENCE): the companion table.
+StoredTombstones = Callable[[], pa.Table | None]
+
+
+def restore_tombstones(
+    index: KeyIndex, io: FileIO, metadata: TableMetadata, columns: KeyColumns, token: str, stored: StoredTombstones | None = None
+) -> int:
+    """Re-create the tombstones of sequenced deletes for keys that are not live, from the
+    companion table's rows and the tombstone files named in the current snapshot's ancestors
+    (those not stored yet): the highest deleted sequence per key is kept."""
     if columns.sequence is None:
         return 0
     newest: dict[bytes, bytes] = {}
+
+    def add(table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        keys = encode_keys([table.column(c) for c in columns.key], names=list(columns.key))
+        for key, seq in zip(keys, encode_keys([table.column(SEQUENCE)])):
+            if key not in newest or newest[key] < seq:
+                newest[key] = seq
+
+    rows = stored() if stored is not None else None
+    if rows is not None:
+        add(rows)
     for snapshot in reversed(list(ancestors(metadata))):
         props = snapshot.summary.additional_properties if snapshot.summary else {}
         for path in filter(None, props.get(TOMBSTONES, "").split(",")):
             try:
                 with io.new_input(path).open() as stream:
-                    table = pq.read_table(stream)
+                    add(pq.read_table(stream))
             except FileNotFoundError:
-                log.warning("lakesink: tombstone file %s is gone (orphan-file cleanup?); its deletes are forgotten", path)
-                continue
-            keys = encode_keys([table.column(c) for c in columns.key], names=list(columns.key))
-            for key, seq in zip(keys, encode_keys([table.column(SEQUENCE)])):
-                if key not in newest or newest[key] < seq:
-                    newest[key] = seq
+                if rows is None:
+                    log.warning("lakesink: tombstone file %s is gone and no companion table holds it; its deletes are forgotten", path)
     if not newest:
         return 0
     keys = list(newest)
@@ -136,12 +151,14 @@ def restore_tombstones(index: KeyIndex, io: FileIO, metadata: TableMetadata, col
     return len(puts)
 
 
-def rebuild(index: KeyIndex, io: FileIO, metadata: TableMetadata, columns: KeyColumns) -> None:
+def rebuild(
+    index: KeyIndex, io: FileIO, metadata: TableMetadata, columns: KeyColumns, stored: StoredTombstones | None = None
+) -> None:
     snapshot = metadata.current_snapshot()
     index.clear()
     entries = live_data_files(io, snapshot)
     rows = index_files(index, io, metadata, [(e.data_file, e.sequence_number or 0) for e in entries], columns, _REBUILD_TOKEN)
-    restore_tombstones(index, io, metadata, columns, _REBUILD_TOKEN)
+    restore_tombstones(index, io, metadata, columns, _REBUILD_TOKEN, stored)
     index.commit_tokens([_REBUILD_TOKEN], _state(metadata, snapshot))
     log.info("lakesink: rebuilt key index %s from snapshot %s: %d keys from %d files", index.path, snapshot and snapshot.snapshot_id, rows, len(entries))
 
@@ -199,8 +216,10 @@ def sync(
     host: str,
     partition_id: int,
     attempt: int,
+    stored: StoredTombstones | None = None,
 ) -> None:
-    """Make `index` reflect `metadata`'s current snapshot plus the current write's own tokens."""
+    """Make `index` reflect `metadata`'s current snapshot plus the current write's own tokens.
+    `stored`: the companion table's tombstones, read only if the index must be rebuilt."""
     target = metadata.current_snapshot()
     pending = index.pending_tokens()
     mine = token_for(write_id, host, partition_id, attempt)
@@ -214,7 +233,7 @@ def sync(
     path = _path_since(metadata, state) if state and state.table_uuid == str(metadata.table_uuid) else None
     if path is None:
         _rollback_uncommitted(index, write_id, committed=set())
-        rebuild(index, io, metadata, columns)
+        rebuild(index, io, metadata, columns, stored)
         return
     # Tokens of writes absent from the table's history never committed: undo them first, so
     # catch-up below works on committed state only.
@@ -245,7 +264,7 @@ def sync(
             index.commit_tokens([token])
             index.forget_files(_removed_file_refs(io, metadata, snapshot))
             continue
-        rebuild(index, io, metadata, columns)
+        rebuild(index, io, metadata, columns, stored)
         return
     index.set_state(_state(metadata, target))
 

@@ -13,14 +13,10 @@ from dataclasses import dataclass
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
-from lakesink_datasource.commit import tombstones
 from lakesink_datasource.commit.cleanup import delete_files, dropped_metadata_files
-from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
 from lakesink_datasource.commit.swap import PreparedCommit, swap_in
-from lakesink_datasource.iceberg import summary_keys as keys
 from lakesink_datasource.iceberg.expiry import snapshots_to_expire, unreachable_files
 from lakesink_datasource.iceberg.properties import TableSettings
-from lakesink_datasource.version import __version__
 
 _ATTEMPTS = 5
 
@@ -40,41 +36,24 @@ class ExpiryResult:
 def expire_snapshots(
     table: Table, *, max_age_ms: int | None = None, dry_run: bool = False, now_ms: int | None = None
 ) -> ExpiryResult:
-    """Expire what the table's retention (or `max_age_ms`, when given) allows.
-
-    When expiring snapshots list tombstone files, the same commit adds a snapshot without
-    file changes that carries them (`commit/tombstones.py`), so a rebuilt key index still
-    knows those deletes."""
+    """Expire what the table's retention (or `max_age_ms`, when given) allows. (A keyed
+    table's tombstones are stored in its companion table before: `maintain` does that.)"""
     for _ in range(_ATTEMPTS):
         metadata = table.metadata
         settings = TableSettings.of_table(metadata)
         now = int(time.time() * 1000) if now_ms is None else now_ms
         age = settings.max_snapshot_age_ms if max_age_ms is None else max_age_ms
         expired = snapshots_to_expire(metadata, now, age, settings.min_snapshots_to_keep)
+        gone = unreachable_files(table.io, metadata, expired)
         kept = len(metadata.snapshots) - len(expired)
         if dry_run or not expired:
-            return ExpiryResult(len(expired), len(unreachable_files(table.io, metadata, expired)), kept)
-        carried = tombstones.carry(table.io, metadata, expired, [], settings.data_path)
-        producer: SnapshotProducer | None = None
-        head = None
-        if carried.paths:
-            producer = SnapshotProducer(table.io, metadata, RowDelta(record_only=True))
-            extra = {keys.ENGINE_NAME: "lakesink", keys.LAKESINK_VERSION: __version__, keys.TOMBSTONES: ",".join(carried.paths)}
-            head = producer.produce(metadata, 0, extra)
-        prepared = PreparedCommit(metadata, head, expired=expired, written_files=carried.written, obsolete_files=carried.obsolete)
+            return ExpiryResult(len(expired), len(gone), kept)
         try:
-            committed = swap_in(table, prepared)
+            committed = swap_in(table, PreparedCommit(metadata, None, expired=expired))
         except CommitFailedException:
-            if producer is not None:
-                producer.cleanup(committed_attempt=None)
-            delete_files(table.io, carried.written)
             table = table.refresh()  # someone committed first: decide again on the new state
             continue
-        if producer is not None:
-            producer.cleanup(committed_attempt=0)
-        gone = unreachable_files(table.io, metadata, expired, head)
         deleted = delete_files(table.io, gone.all())
-        delete_files(table.io, carried.obsolete)
         delete_files(table.io, dropped_metadata_files(metadata, table.metadata_location, committed.metadata))
-        return ExpiryResult(len(expired), deleted, kept + (1 if head else 0))
+        return ExpiryResult(len(expired), deleted, kept)
     raise RuntimeError(f"could not expire snapshots of {table.name()}: other writers kept committing first")

@@ -31,6 +31,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.table.metadata import TableMetadata
 from pyroaring import BitMap64
 
+from lakesink_datasource.catalog import loader
 from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.host_lock import host_lock
 from lakesink_datasource.index.key_encoding import key_hashes
@@ -58,6 +59,7 @@ from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
 from lakesink_datasource.messages import PositionDeletesMessage
 from lakesink_datasource.schema.arrow_align import BatchAligner
 from lakesink_datasource.table.plan import WritePlan
+from lakesink_datasource.table.tombstone_table import read_stored
 from lakesink_datasource.write.changes import resolve_changes
 
 log = logging.getLogger("lakesink")
@@ -95,18 +97,28 @@ class KeyedWriter:
         self._lock_path = os.path.join(path, "writers.lock")
         self._token = token_for(plan.write_id, self.host, partition_id, attempt)
         columns = KeyColumns(self._keyed.table_key_columns, self._keyed.table_sequence_column)
+
+        def stored() -> pa.Table | None:
+            return read_stored(loader.load(plan.catalog), plan.identifier)
+
         started = time.perf_counter()
         self.healed = False  # the index was damaged and rebuilt from the table by this task
         with host_lock(self._lock_path):
             try:
                 self._index: KeyIndex = open_index(path)
-                sync(self._index, io, metadata, columns, write_id=plan.write_id, host=self.host, partition_id=partition_id, attempt=attempt)
+                sync(
+                    self._index, io, metadata, columns, write_id=plan.write_id, host=self.host, partition_id=partition_id,
+                    attempt=attempt, stored=stored,
+                )
             except lmdb.Error as exc:
                 # The index is a cache: a damaged one is dropped and rebuilt from the table.
                 log.warning("lakesink: key index %s is damaged (%s); rebuilding it from the table", path, exc)
                 self.healed = True
                 self._index = reopen_empty(path)
-                sync(self._index, io, metadata, columns, write_id=plan.write_id, host=self.host, partition_id=partition_id, attempt=attempt)
+                sync(
+                    self._index, io, metadata, columns, write_id=plan.write_id, host=self.host, partition_id=partition_id,
+                    attempt=attempt, stored=stored,
+                )
         self.index_seconds = time.perf_counter() - started
         self._ordinals: dict[str, int] = {}  # encoded FileRef -> ordinal (this task's new files)
         self._hidden: dict[int, list[np.ndarray]] = defaultdict(list)  # ordinal -> positions

@@ -68,6 +68,6 @@ def test_keyed_writes_to_format_version_2_are_refused_before_anything_is_written
     assert not table_exists(warehouse, "db.t")
     plan_write(parse_options({"table": "db.t", "warehouse": warehouse, "format_version": "2"}), ID_V, overwrite=False)
     before = load(warehouse, "db.t").metadata_location
-    with pytest.raises(OptionError, match="table db.t is format version 2"):
+    with pytest.raises(OptionError, match=r"table db\.t is format version 2"):
         plan_write(parse_options(keyed), ID_V, overwrite=False)
     assert load(warehouse, "db.t").metadata_location == before

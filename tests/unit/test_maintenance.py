@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
-from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
 import pyarrow as pa
 import pytest
+from keyed_model import IDENT as KEYED_IDENT
 from keyed_model import Change, Config, Harness, Model, label_batches
 from lakesink_testing import assert_readers_see, duckdb_connection, expected_rows, load
 from pyiceberg.table import Table
@@ -27,10 +28,9 @@ from pyspark.sql import types as T
 
 from lakesink_datasource.check import check_table
 from lakesink_datasource.commit.committer import CommitOutcome, commit_write
-from lakesink_datasource.commit.tombstones import MAX_CARRIED, tombstone_paths
+from lakesink_datasource.commit.swap import PreparedCommit, swap_in
 from lakesink_datasource.iceberg.live_files import live_data_files, live_deletion_vectors
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
-from lakesink_datasource.iceberg.summary_keys import TOMBSTONES
 from lakesink_datasource.index.key_index import open_index
 from lakesink_datasource.maintain import main as maintain_main
 from lakesink_datasource.maintain import maintain_table
@@ -40,6 +40,7 @@ from lakesink_datasource.maintenance.orphans import remove_orphans
 from lakesink_datasource.messages import decode_messages
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.table.setup import plan_write
+from lakesink_datasource.table.tombstone_table import companion_identifier, read_stored
 from lakesink_datasource.write.task import TaskIdentity, write_task
 
 IDENT = "db.t"
@@ -292,43 +293,57 @@ def test_a_long_upsert_stream_keeps_its_table_bounded(warehouse: str) -> None:
     assert remove_orphans(table, min_age_ms=0, dry_run=True).orphans == []  # nothing leaked on the way
 
 
-# --- tombstones outlive expiry ---------------------------------------------------------------------
+# --- tombstones outlive any engine's maintenance ---------------------------------------------------
 
 
-@pytest.mark.parametrize("deletes", [3, 40], ids=["carried", "merged"])
-def test_sequenced_deletes_survive_expiry_and_an_index_rebuild(deletes: int) -> None:
+def _foreign_maintenance(harness: Harness) -> None:
+    """What another engine's expire_snapshots (keep the last) and remove_orphan_files do to
+    lakesink's tombstones: the snapshots naming them go, without any carrying, and so do
+    the files (no snapshot's manifests reference them)."""
+    table = harness.table()
+    current = table.metadata.current_snapshot()
+    assert current is not None
+    expired = [s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id != current.snapshot_id]
+    swap_in(table, PreparedCommit(table.metadata, None, expired=expired))
+    shutil.rmtree(Path(_local(table.metadata.location), "data", "lakesink-tombstones"), ignore_errors=True)
+
+
+@pytest.mark.parametrize("maintenance", ["lakesink-expiry", "foreign-expiry-and-orphans"])
+def test_sequenced_deletes_survive_expiry_orphan_removal_and_an_index_rebuild(maintenance: str) -> None:
     """Deleted keys remember their delete's sequence although every snapshot that recorded
-    the delete is expired (retention 0): with the index deleted and rebuilt from the table, a
-    late change older than the delete is still refused. 40 deleting batches make the carried
-    tombstone files more than MAX_CARRIED, so they are merged into one."""
+    the delete expired (and, with another engine's maintenance, their files are gone too):
+    with the index deleted and rebuilt from the tables, a late change older than the delete
+    is still refused, because the deletes are rows of the companion table."""
     config = Config("cdc", "bucket(2, id)", True)
-    created = [[[Change(k, "c", seq=10)] for k in range(deletes)]]
-    removed = [[[[Change(k, "d", seq=20)]]] for k in range(deletes)]  # one batch per delete
-    late = [[[Change(k, "u", seq=15) for k in range(deletes)]]]  # older than every delete
+    created = [[[Change(k, "c", seq=10) for k in range(30)]]]
+    removed = [[[[Change(k, "d", seq=20)]]] for k in range(20)]  # one batch per delete
+    late = [[[Change(k, "u", seq=15) for k in range(30)]]]  # older than every delete
     labelled = label_batches(config, [created, *removed, late])
     with Harness(config) as harness:
-        harness.options = msgspec.structs.replace(
-            harness.options, table_properties={"history.expire.max-snapshot-age-ms": "0"}
-        )
+        if maintenance == "lakesink-expiry":
+            harness.options = msgspec.structs.replace(harness.options, table_properties={"history.expire.max-snapshot-age-ms": "0"})
         model = Model(config)
-        for batch_id, batch in enumerate(labelled):
-            if batch_id == len(labelled) - 1:
-                harness.drop_index()
-                table = harness.table()
-                assert len(table.metadata.snapshots) == 1  # every delete's snapshot expired
-                carried = tombstone_paths(table.metadata.current_snapshot().summary.get(TOMBSTONES))
-                assert len(carried) <= MAX_CARRIED + 1
-                tombstone_files = list(Path(_local(table.metadata.location), "data", "lakesink-tombstones").iterdir())
-                assert sorted(str(p) for p in tombstone_files) == sorted(_local(p) for p in carried)  # merged-away ones deleted
+        for batch_id, batch in enumerate(labelled[:-1]):
             harness.run_batch(batch, batch_id)
             model.apply_batch(batch)
-            harness.assert_matches(model.expected(), f"after batch {batch_id}")
-        assert model.expected() == Counter()  # the late changes were refused: every key stays deleted
+        if maintenance != "lakesink-expiry":
+            _foreign_maintenance(harness)
+        table = harness.table()
+        assert len(table.metadata.snapshots) == 1  # every delete's snapshot expired
+        stored = read_stored(table.catalog, KEYED_IDENT)
+        assert stored is not None and sorted(stored.column("id").to_pylist()) == list(range(20))
+        harness.drop_index()
+        harness.run_batch(labelled[-1], len(labelled) - 1)
+        model.apply_batch(labelled[-1])
+        harness.assert_matches(model.expected(), "after the late batch")
+        assert sorted(model.live) == list(range(20, 30))  # the 20 deleted keys stay deleted
+        companion = load(harness.warehouse, companion_identifier(KEYED_IDENT))
+        assert len(companion.metadata.snapshots) <= 11 and len(live_data_files(companion.io, companion.current_snapshot())) < 8
 
 
-def test_maintain_expire_keeps_the_deletes_of_the_snapshots_it_expires() -> None:
-    """The operator's `expire` (no batch to carry them) adds a snapshot without file changes
-    that lists the expired snapshots' tombstones; a rebuilt index still refuses older changes."""
+def test_maintain_expire_stores_the_deletes_of_the_snapshots_it_expires() -> None:
+    """Deletes written without the companion (an older lakesink) are stored by `maintain
+    expire` before their snapshots go; then another engine's orphan removal cannot hurt."""
     config = Config("cdc", None, True)
     created = [[[Change(k, "c", seq=10) for k in range(5)]]]
     removed = [[[Change(k, "d", seq=20) for k in range(5)]]]
@@ -338,13 +353,15 @@ def test_maintain_expire_keeps_the_deletes_of_the_snapshots_it_expires() -> None
     with Harness(config) as harness:
         model = Model(config)
         for batch_id, batch in enumerate(labelled[:3]):
-            harness.run_batch(batch, batch_id)
+            plan = harness.plan()
+            messages = [harness.write(plan, task, batch_id, partition_id=i) for i, task in enumerate(batch)]
+            commit_write(plan, decode_messages(messages), batch_id)  # no storing: an older writer
             model.apply_batch(batch)
+        assert read_stored(harness.table().catalog, KEYED_IDENT) is None
         report = maintain_table(harness.table(), "expire", older_than_ms=1)
         assert report.expiry is not None and report.expiry.expired_snapshots == 2  # the current one stays
-        table = harness.table()
-        assert len(table.metadata.snapshots) == 2  # the last batch's and the carrier on top of it
-        assert tombstone_paths(table.metadata.current_snapshot().summary.get(TOMBSTONES))
+        assert any(line.startswith("tombstones: stored 5") for line in report.lines)
+        shutil.rmtree(Path(_local(harness.table().metadata.location), "data", "lakesink-tombstones"))
         harness.drop_index()
         harness.run_batch(labelled[3], 3)
         model.apply_batch(labelled[3])

@@ -1,0 +1,107 @@
+"""Store a keyed table's tombstones in its companion table (`table/tombstone_table.py`).
+
+Runs in the driver's commit process right before and right after every keyed batch's commit
+(before: so a batch whose storing did not happen is caught up before this commit may expire
+its snapshot; after: so this batch's deletes are safe at once), and before `maintain expire`.
+Each run appends, in one companion snapshot, the tombstone files named by every main-table
+snapshot after the companion's `stored-through` mark, and moves the mark. The companion is
+kept small the same way as any lakesink table: old snapshots expired, its files compacted.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
+from pyiceberg.table import Table
+
+from lakesink_datasource.iceberg.history import ancestors
+from lakesink_datasource.iceberg.live_files import live_data_files
+from lakesink_datasource.iceberg.properties import METADATA_DELETE_AFTER_COMMIT, METADATA_PREVIOUS_VERSIONS_MAX
+from lakesink_datasource.iceberg.summary_keys import TOMBSTONES
+from lakesink_datasource.maintenance.compaction import compact
+from lakesink_datasource.maintenance.expire import expire_snapshots
+from lakesink_datasource.table.tombstone_table import STORED_THROUGH, companion_identifier, load_companion, stored_through
+
+log = logging.getLogger("lakesink")
+
+COMPACT_AT_FILES = 8  # the companion's small files are merged once this many accumulate
+KEEP_SNAPSHOTS = 10  # the companion's history is expired past this many snapshots
+
+
+def _pending_files(table: Table, through: int) -> tuple[list[str], int]:
+    """Tombstone files of the main snapshots after sequence `through`, and the newest sequence."""
+    files: list[str] = []
+    newest = through
+    for snapshot in ancestors(table.metadata):
+        sequence = snapshot.sequence_number or 0
+        if sequence <= through:
+            break
+        newest = max(newest, sequence)
+        props = snapshot.summary.additional_properties if snapshot.summary else {}
+        files += [p for p in props.get(TOMBSTONES, "").split(",") if p]
+    return files, newest
+
+
+def _create_companion(catalog: Catalog, identifier: str, schema: pa.Schema) -> Table:
+    namespace = identifier.rsplit(".", 1)[0]
+    try:
+        catalog.create_namespace(namespace)
+    except NamespaceAlreadyExistsError:
+        pass
+    try:
+        return catalog.create_table(
+            companion_identifier(identifier),
+            schema=schema,
+            properties={"format-version": "2", METADATA_DELETE_AFTER_COMMIT: "true", METADATA_PREVIOUS_VERSIONS_MAX: "10"},
+        )
+    except TableAlreadyExistsError:
+        return catalog.load_table(companion_identifier(identifier))
+
+
+def store_tombstones(catalog: Catalog, identifier: str) -> int:
+    """Append the not yet stored tombstones of `identifier` to its companion; returns rows."""
+    table = catalog.load_table(identifier)
+    companion = load_companion(catalog, identifier)
+    files, newest = _pending_files(table, stored_through(companion))
+    if not files:
+        return 0
+    parts = []
+    for path in files:
+        try:
+            with table.io.new_input(path).open() as stream:
+                parts.append(pq.read_table(stream))
+        except FileNotFoundError:
+            log.warning("lakesink: tombstone file %s is gone before it was stored; its deletes are forgotten", path)
+    rows = pa.concat_tables(parts, promote_options="permissive") if parts else None
+    if rows is None or rows.num_rows == 0:
+        return 0
+    if companion is None:
+        companion = _create_companion(catalog, identifier, rows.schema)
+    target = companion.schema().as_arrow()
+    # The mark is a table property set by the same commit: it survives any engine's
+    # compaction and expiry of the companion, which keep table properties.
+    with companion.transaction() as transaction:
+        transaction.append(rows.select(target.names).cast(target))
+        transaction.set_properties({STORED_THROUGH: str(newest)})
+    companion = companion.refresh()
+    if len(companion.metadata.snapshots) > KEEP_SNAPSHOTS:
+        expire_snapshots(companion, max_age_ms=0)
+        companion = companion.refresh()
+    if len(live_data_files(companion.io, companion.metadata.current_snapshot())) >= COMPACT_AT_FILES:
+        compact(companion, budget_bytes=1 << 40, tiered=False)
+    return rows.num_rows
+
+
+def store_tombstones_safely(catalog: Catalog, identifier: str) -> None:
+    """`store_tombstones`, logging instead of raising: a batch must not fail because its
+    deletes could not be copied yet (its summary still names them; the next run retries)."""
+    try:
+        stored = store_tombstones(catalog, identifier)
+        if stored:
+            log.info("lakesink: stored %d tombstone(s) of %s in %s", stored, identifier, companion_identifier(identifier))
+    except Exception:
+        log.warning("lakesink: could not store the tombstones of %s; the next commit retries", identifier, exc_info=True)
