@@ -124,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     long.add_argument("--rows-per-batch", type=int, default=2000)
     long.add_argument("--workdir", help="scratch directory (default /tmp/lakesink-long-stream)")
     long.add_argument("--out", help="where LONG-STREAM.md, long_stream.json, long_stream.png go (default benchmarks/)")
+    long.add_argument("--sides", default="auto,off", help="auto, off or auto,off (default: both)")
     long.set_defaults(func=lambda a: __import__("benchmarks.long_stream", fromlist=["x"]).main_args(
-        a.batches, a.rows_per_batch, a.workdir, a.out))
+        a.batches, a.rows_per_batch, a.workdir, a.out, a.sides))
     lst = sub.add_parser("list", help="list the scenarios")
     lst.set_defaults(func=lambda a: [print(f"{s.id}\t{s.key}\t{s.title}") for s in __import__("benchmarks.scenarios", fromlist=["x"]).SCENARIOS] and 0)
     args = parser.parse_args(argv)

@@ -236,7 +236,7 @@ def _markdown(result: dict[str, Any]) -> str:
         "| | maintenance=auto | maintenance=off | target |",
         "|---|---|---|---|",
     ]
-    auto, off = sides["auto"], sides["off"]
+    auto, off = sides.get("auto", {}), sides.get("off", {})
     rows = [
         ("addBatch median, first 10% (ms)", "first_10pct_ms", ""),
         ("addBatch median, last 10% (ms)", "last_10pct_ms", ""),
@@ -260,7 +260,7 @@ def _markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(batches: int, rows_per_batch: int, workdir: Path, out: Path) -> dict[str, Any]:
+def run(batches: int, rows_per_batch: int, workdir: Path, out: Path, sides: tuple[str, ...] = ("auto", "off")) -> dict[str, Any]:
     config = BenchConfig(workdir=workdir, out_dir=out)
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
@@ -269,7 +269,7 @@ def run(batches: int, rows_per_batch: int, workdir: Path, out: Path) -> dict[str
     progress = _listen(spark)
     sides: dict[str, dict[str, Any]] = {}
     try:
-        for maintenance in ("auto", "off"):
+        for maintenance in sides:
             log(f"long stream, maintenance={maintenance}: {batches} batches of {rows_per_batch} rows")
             side = _run_side(spark, progress, workdir / maintenance, batches, rows_per_batch, maintenance)
             side |= _latency_summary(side) | _scan_ratio(spark, side, workdir / maintenance)
@@ -298,6 +298,9 @@ def run(batches: int, rows_per_batch: int, workdir: Path, out: Path) -> dict[str
     return result
 
 
-def main_args(batches: int, rows_per_batch: int, workdir: str | None, out: str | None) -> int:
-    run(batches, rows_per_batch, Path(workdir or "/tmp/lakesink-long-stream").resolve(), Path(out).resolve() if out else BENCH_DIR)
+def main_args(batches: int, rows_per_batch: int, workdir: str | None, out: str | None, sides: str = "auto,off") -> int:
+    chosen = tuple(s.strip() for s in sides.split(",") if s.strip())
+    if not chosen or any(s not in ("auto", "off") for s in chosen):
+        raise SystemExit(f"--sides takes auto, off or both (auto,off), got {sides!r}")
+    run(batches, rows_per_batch, Path(workdir or "/tmp/lakesink-long-stream").resolve(), Path(out).resolve() if out else BENCH_DIR, chosen)
     return 0

@@ -7,6 +7,8 @@ trailing field).
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from copy import copy
 
 from pyiceberg.avro.file import AvroFile, AvroOutputFile
@@ -21,15 +23,34 @@ from pyiceberg.manifest import (
 
 from lakesink_datasource.iceberg.manifests import AVRO_CODEC, MF_FIRST_ROW_ID, AvroCodec
 
+# Manifest lists never change once written, and per commit the same ones are read again
+# (expiry checks every retained snapshot's list, and the producer, history walks and index
+# sync read the current one): a process-wide cache keyed by location. Bounded by lists.
+_CACHE_LISTS = 2048
+_cache: OrderedDict[str, tuple[ManifestFile, ...]] = OrderedDict()
+_cache_lock = threading.Lock()
+
 
 def read_manifest_list(io: FileIO, location: str) -> list[ManifestFile]:
+    """The manifests of a manifest list, in order. The ManifestFile objects are shared with
+    other callers (the cache): read them, never change them (`ManifestListWriter` copies)."""
+    with _cache_lock:
+        cached = _cache.get(location)
+        if cached is not None:
+            _cache.move_to_end(location)
+            return list(cached)
     with AvroFile[ManifestFile](
         io.new_input(location),
         MANIFEST_LIST_FILE_SCHEMAS[3],
         read_types={-1: ManifestFile, 508: PartitionFieldSummary},
         read_enums={517: ManifestContent},
     ) as reader:
-        return list(reader)
+        manifests = tuple(reader)
+    with _cache_lock:
+        _cache[location] = manifests
+        while len(_cache) > _CACHE_LISTS:
+            _cache.popitem(last=False)
+    return list(manifests)
 
 
 
