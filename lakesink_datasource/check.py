@@ -55,7 +55,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 
-from lakesink_datasource.catalog.table_args import add_table_arguments, check_table_arguments, load_table_from_arguments
+from lakesink_datasource.catalog.table_args import add_table_arguments, check_table_arguments, open_table_or_report
 from lakesink_datasource.iceberg.live_files import read_deletion_vector
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
 from lakesink_datasource.iceberg.manifests import (
@@ -444,10 +444,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
-    try:
-        table = load_table_from_arguments(args)
-    except Exception as exc:  # noqa: BLE001 - a CLI reports, it does not dump a traceback
-        print(f"cannot load table {args.table}: {exc}", file=sys.stderr)
+    table = open_table_or_report(args)
+    if table is None:
         return 2
     try:
         violations = check_table(table)

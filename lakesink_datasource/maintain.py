@@ -26,7 +26,7 @@ from typing import TextIO
 
 from pyiceberg.table import Table
 
-from lakesink_datasource.catalog.table_args import add_table_arguments, check_table_arguments, load_table_from_arguments
+from lakesink_datasource.catalog.table_args import add_table_arguments, check_table_arguments, open_table_or_report
 from lakesink_datasource.iceberg.properties import TableSettings
 from lakesink_datasource.maintenance.compaction import CompactionResult, compact, plan_for
 from lakesink_datasource.maintenance.expire import ExpiryResult, expire_snapshots
@@ -140,10 +140,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
-    try:
-        table = load_table_from_arguments(args)
-    except Exception as exc:  # noqa: BLE001 - a CLI reports, it does not dump a traceback
-        print(f"cannot load table {args.table}: {exc}", file=sys.stderr)
+    table = open_table_or_report(args)
+    if table is None:
         return 2
     hours = 3600 * 1000
     report = maintain_table(

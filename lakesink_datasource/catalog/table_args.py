@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from pyiceberg.catalog import load_catalog
 from pyiceberg.table import Table
@@ -48,3 +49,13 @@ def load_table_from_arguments(args: argparse.Namespace) -> Table:
         # Opening the SQL catalog would create an empty one: a tool must not write one.
         raise FileNotFoundError(f"no lakesink catalog at {os.path.join(options.warehouse, 'catalog.db')}")
     return load_catalog(config.name, **config.properties).load_table(options.table)
+
+
+def open_table_or_report(args: argparse.Namespace) -> Table | None:
+    """The table the arguments name, or None after printing why it cannot be opened (a
+    command line reports, it does not dump a traceback)."""
+    try:
+        return load_table_from_arguments(args)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        print(f"cannot load table {args.table}: {exc}", file=sys.stderr)
+        return None

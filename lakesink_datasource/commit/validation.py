@@ -14,14 +14,13 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
-from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
+from pyiceberg.manifest import ManifestEntryStatus
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation
 
 from lakesink_datasource.iceberg.history import snapshots_after
-from lakesink_datasource.iceberg.live_files import live_data_files, live_deletion_vectors
-from lakesink_datasource.iceberg.manifest_list import read_manifest_list
-from lakesink_datasource.iceberg.manifests import content_offset, read_entries
+from lakesink_datasource.iceberg.live_files import data_entries_changed_by, live_data_files, live_deletion_vectors
+from lakesink_datasource.iceberg.manifests import content_offset
 from lakesink_datasource.index.key_encoding import encode_keys, key_hashes
 
 
@@ -101,27 +100,20 @@ def validate_no_concurrent_key_changes(
     for snapshot in reversed(newest_first):
         if snapshot.summary is not None and snapshot.summary.operation == Operation.REPLACE:
             continue
-        for manifest in read_manifest_list(io, snapshot.manifest_list):
-            if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
-                continue
-            if not manifest.added_files_count:
-                continue
-            for entry in read_entries(io, manifest, live_only=False):
-                if entry.status != ManifestEntryStatus.ADDED:
-                    continue
-                with io.new_input(entry.data_file.file_path).open() as stream:
-                    keys = pq.read_table(stream, columns=list(key_columns))
-                # Encoded from the file's columns, as an index rebuild does: the same bytes the
-                # tasks hashed (they encode keys in the table's types).
-                encoded = encode_keys([keys.column(c) for c in key_columns], names=list(key_columns))
-                shared = np.intersect1d(touched, key_hashes(encoded))
-                if len(shared):
-                    raise ConflictError(
-                        f"this batch changed {len(shared)} key(s) that snapshot {snapshot.snapshot_id} "
-                        f"({snapshot.summary.operation.value if snapshot.summary else '?'}), committed concurrently, also wrote "
-                        f"(e.g. in {entry.data_file.file_path}); the batch is refused so no key gets two live rows "
-                        "(restart the query: the replay resolves the keys against the new state)"
-                    )
+        for entry in data_entries_changed_by(io, snapshot, ManifestEntryStatus.ADDED):
+            with io.new_input(entry.data_file.file_path).open() as stream:
+                keys = pq.read_table(stream, columns=list(key_columns))
+            # Encoded from the file's columns, as an index rebuild does: the same bytes the
+            # tasks hashed (they encode keys in the table's types).
+            encoded = encode_keys([keys.column(c) for c in key_columns], names=list(key_columns))
+            shared = np.intersect1d(touched, key_hashes(encoded))
+            if len(shared):
+                raise ConflictError(
+                    f"this batch changed {len(shared)} key(s) that snapshot {snapshot.snapshot_id} "
+                    f"({snapshot.summary.operation.value if snapshot.summary else '?'}), committed concurrently, also wrote "
+                    f"(e.g. in {entry.data_file.file_path}); the batch is refused so no key gets two live rows "
+                    "(restart the query: the replay resolves the keys against the new state)"
+                )
 
 
 def _removed_by(
@@ -129,13 +121,6 @@ def _removed_by(
 ) -> tuple[int, str] | None:
     """The snapshot after `since` that removed one of `paths`, if any (for the message)."""
     for snapshot in snapshots_after(base, since)[0]:
-        for manifest in read_manifest_list(io, snapshot.manifest_list):
-            if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
-                continue
-            if not manifest.deleted_files_count:
-                continue
-            for entry in read_entries(io, manifest, live_only=False):
-                if entry.status == ManifestEntryStatus.DELETED and entry.data_file.file_path in paths:
-                    operation = snapshot.summary.operation.value if snapshot.summary else "?"
-                    return snapshot.snapshot_id, operation
+        if any(e.data_file.file_path in paths for e in data_entries_changed_by(io, snapshot, ManifestEntryStatus.DELETED)):
+            return snapshot.snapshot_id, snapshot.summary.operation.value if snapshot.summary else "?"
     return None

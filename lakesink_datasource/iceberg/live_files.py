@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pyiceberg.io import FileIO
-from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntry
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus
 from pyiceberg.table.snapshots import Snapshot
 from pyroaring import BitMap64
 
@@ -25,6 +25,20 @@ def live_entries(io: FileIO, snapshot: Snapshot | None, content: ManifestContent
     for manifest in read_manifest_list(io, snapshot.manifest_list):
         if manifest.content == content:
             out.extend(read_entries(io, manifest))
+    return out
+
+
+def data_entries_changed_by(io: FileIO, snapshot: Snapshot, status: ManifestEntryStatus) -> list[ManifestEntry]:
+    """The data-file entries `snapshot` itself wrote with `status` (ADDED: the files it
+    added; DELETED: the files it removed), from the manifests it added."""
+    out: list[ManifestEntry] = []
+    for manifest in read_manifest_list(io, snapshot.manifest_list):
+        if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
+            continue
+        count = manifest.added_files_count if status == ManifestEntryStatus.ADDED else manifest.deleted_files_count
+        if count == 0:
+            continue
+        out += [e for e in read_entries(io, manifest, live_only=False) if e.status == status]
     return out
 
 

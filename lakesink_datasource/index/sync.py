@@ -30,14 +30,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
-from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntryStatus
+from pyiceberg.manifest import DataFile, ManifestEntryStatus
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Snapshot
 
 from lakesink_datasource.iceberg.history import ancestors, snapshots_after
-from lakesink_datasource.iceberg.live_files import live_data_files, live_deletion_vectors, read_deletion_vector
-from lakesink_datasource.iceberg.manifest_list import read_manifest_list
-from lakesink_datasource.iceberg.manifests import read_entries
+from lakesink_datasource.iceberg.live_files import (
+    data_entries_changed_by,
+    live_data_files,
+    live_deletion_vectors,
+    read_deletion_vector,
+)
 from lakesink_datasource.iceberg.partition_key import encode_partition
 from lakesink_datasource.iceberg.summary_keys import HOSTS, TOMBSTONES, WRITE_ID
 from lakesink_datasource.index.file_refs import FileRef, encode_ref
@@ -178,32 +181,18 @@ def _path_since(metadata: TableMetadata, state: IndexState) -> list[Snapshot] | 
     return list(reversed(newest_first)) if found else None
 
 
-def _added_files(io: FileIO, metadata: TableMetadata, snapshot: Snapshot) -> list[tuple[DataFile, int]]:
-    out = []
-    for manifest in read_manifest_list(io, snapshot.manifest_list):
-        if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
-            continue
-        for entry in read_entries(io, manifest):
-            if entry.status == ManifestEntryStatus.ADDED:
-                out.append((entry.data_file, entry.sequence_number or 0))
-    return out
+def _added_files(io: FileIO, snapshot: Snapshot) -> list[tuple[DataFile, int]]:
+    return [(e.data_file, e.sequence_number or 0) for e in data_entries_changed_by(io, snapshot, ManifestEntryStatus.ADDED)]
 
 
 def _removed_file_refs(io: FileIO, metadata: TableMetadata, snapshot: Snapshot) -> list[str]:
     """The index's names (encoded file refs) of the data files `snapshot` removed."""
-    out = []
     schema = metadata.schema()
-    for manifest in read_manifest_list(io, snapshot.manifest_list):
-        if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
-            continue
-        if not manifest.deleted_files_count:
-            continue
-        for e in read_entries(io, manifest, live_only=False):
-            if e.status == ManifestEntryStatus.DELETED:
-                f = e.data_file
-                partition = encode_partition(metadata.specs()[f.spec_id], schema, f.partition)
-                out.append(encode_ref(FileRef(f.file_path, f.spec_id, partition)))
-    return out
+    return [
+        encode_ref(FileRef(e.data_file.file_path, e.data_file.spec_id,
+                           encode_partition(metadata.specs()[e.data_file.spec_id], schema, e.data_file.partition)))
+        for e in data_entries_changed_by(io, snapshot, ManifestEntryStatus.DELETED)
+    ]
 
 
 def sync(
@@ -252,7 +241,7 @@ def sync(
             # Rows appended by anyone else (another writer, lakesink tasks on other hosts):
             # index the new files incrementally.
             token = f"catchup-{snapshot.snapshot_id}"
-            index_files(index, io, metadata, _added_files(io, metadata, snapshot), columns, token)
+            index_files(index, io, metadata, _added_files(io, snapshot), columns, token)
             index.commit_tokens([token])
             continue
         if summary is not None and summary.operation == Operation.REPLACE and not tokens:
@@ -260,7 +249,7 @@ def sync(
             # Every live row of the removed files is in the added ones, so pointing each key
             # of the added files at its new place moves exactly the keys that moved.
             token = f"replace-{snapshot.snapshot_id}"
-            index_files(index, io, metadata, _added_files(io, metadata, snapshot), columns, token)
+            index_files(index, io, metadata, _added_files(io, snapshot), columns, token)
             index.commit_tokens([token])
             index.forget_files(_removed_file_refs(io, metadata, snapshot))
             continue
