@@ -263,7 +263,7 @@ def _markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(batches: int, rows_per_batch: int, workdir: Path, out: Path, sides: tuple[str, ...] = ("auto", "off")) -> dict[str, Any]:
+def run(batches: int, rows_per_batch: int, workdir: Path, out: Path, which: tuple[str, ...] = ("auto", "off")) -> dict[str, Any]:
     config = BenchConfig(workdir=workdir, out_dir=out)
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
@@ -272,7 +272,7 @@ def run(batches: int, rows_per_batch: int, workdir: Path, out: Path, sides: tupl
     progress = _listen(spark)
     sides: dict[str, dict[str, Any]] = {}
     try:
-        for maintenance in sides:
+        for maintenance in which:
             log(f"long stream, maintenance={maintenance}: {batches} batches of {rows_per_batch} rows")
             side = _run_side(spark, progress, workdir / maintenance, batches, rows_per_batch, maintenance)
             side |= _latency_summary(side) | _scan_ratio(spark, side, workdir / maintenance)

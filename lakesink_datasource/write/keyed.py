@@ -99,7 +99,14 @@ class KeyedWriter:
         columns = KeyColumns(self._keyed.table_key_columns, self._keyed.table_sequence_column)
 
         def stored() -> pa.Table | None:
-            return read_stored(loader.load(plan.catalog), plan.identifier)
+            try:
+                return read_stored(loader.load(plan.catalog), plan.identifier)
+            except Exception:  # the catalog may be out of an executor's reach
+                # Fall back to the tombstone files the retained snapshots name, and say so:
+                # deletes whose snapshots expired are then not known to this rebuild.
+                log.warning("lakesink: cannot read %s from this host; rebuilding the key index without it",
+                            f"{plan.identifier}__lakesink_tombstones", exc_info=True)
+                return None
 
         started = time.perf_counter()
         self.healed = False  # the index was damaged and rebuilt from the table by this task
