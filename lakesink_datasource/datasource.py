@@ -72,8 +72,8 @@ def _commit(plan: WritePlan, messages: list[WriterCommitMessage | None], batch_i
     if outcome.snapshot_id is None:
         return
     if sequenced:
-        store_tombstones_safely(loader.load(plan.catalog), plan.identifier)
-    maintain_after_commit(plan, outcome.stats.bytes_written, batch_id=batch_id)
+        store_tombstones_safely(loader.load(plan.catalog), plan.identifier, outcome.table)
+    maintain_after_commit(plan, outcome.stats.bytes_written, batch_id=batch_id, table=outcome.table)
 
 
 class LakeSinkBatchWriter(DataSourceArrowWriter):

@@ -53,6 +53,7 @@ class CommitOutcome:
     skipped_reason: str | None
     attempts: int
     stats: TaskStats
+    table: Table | None = None  # the table as this commit left it (what follows reuses it)
 
 
 def _sum_stats(results: list[TaskResult]) -> TaskStats:
@@ -257,7 +258,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
             len(producer.last.deletion_vectors), stats.bytes_written, attempt_number + 1, stats.partition_seconds,
             stats.index_seconds, stats.write_seconds, time.perf_counter() - started, len(attempt.expired), removed,
         )
-        return CommitOutcome(snapshot.snapshot_id, None, attempt_number + 1, stats)
+        return CommitOutcome(snapshot.snapshot_id, None, attempt_number + 1, stats, committed)
     producer.cleanup(committed_attempt=None)
     raise CommitError(
         f"could not commit to {plan.identifier} after {attempts} attempts: other writers kept committing first "

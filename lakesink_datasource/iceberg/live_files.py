@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pyarrow as pa
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus
 from pyiceberg.table.snapshots import Snapshot
@@ -64,3 +66,13 @@ def read_deletion_vector(io: FileIO, dv: DataFile) -> BitMap64:
         stream.seek(offset)
         blob = stream.read(length)
     return read_blob(blob, 0, length, dv.record_count)
+
+
+def without_hidden_rows(io: FileIO, table: pa.Table, deletion_vector: ManifestEntry | None) -> tuple[pa.Table, np.ndarray]:
+    """A data file's rows minus those its DV hides, with each kept row's position in the file."""
+    positions = np.arange(table.num_rows, dtype=np.int64)
+    if deletion_vector is None:
+        return table, positions
+    hidden = np.fromiter(read_deletion_vector(io, deletion_vector.data_file), dtype=np.int64)
+    keep = ~np.isin(positions, hidden)
+    return table.filter(pa.array(keep)), positions[keep]

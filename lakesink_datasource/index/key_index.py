@@ -716,8 +716,9 @@ def open_index(path: str, map_size: int = 1 << 36) -> KeyIndex:
                 )
             return index
         try:
-            if damage(key) is not None:
-                raise lmdb.CorruptedError(f"key index {key}: {damage(key)}")
+            reason = damage(key)
+            if reason is not None:
+                raise lmdb.CorruptedError(f"key index {key}: {reason}")
             index = KeyIndex(key, map_size=map_size)
         except lmdb.Error:
             # A damaged cache (an OS crash with unsynced pages, a truncated or overwritten

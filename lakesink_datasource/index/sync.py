@@ -26,7 +26,6 @@ import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
@@ -39,7 +38,7 @@ from lakesink_datasource.iceberg.live_files import (
     data_entries_changed_by,
     live_data_files,
     live_deletion_vectors,
-    read_deletion_vector,
+    without_hidden_rows,
 )
 from lakesink_datasource.iceberg.partition_key import encode_partition
 from lakesink_datasource.iceberg.summary_keys import HOSTS, TOMBSTONES, WRITE_ID
@@ -93,12 +92,7 @@ def index_files(
         read = list(columns.key) + ([columns.sequence] if columns.sequence else [])
         with io.new_input(data_file.file_path).open() as stream:
             table = pq.read_table(stream, columns=read)
-        positions = np.arange(table.num_rows, dtype=np.int64)
-        dv = dvs.get(data_file.file_path)
-        if dv is not None:
-            deleted = np.fromiter(read_deletion_vector(io, dv.data_file), dtype=np.int64)
-            keep = ~np.isin(positions, deleted)
-            table, positions = table.filter(pa.array(keep)), positions[keep]
+        table, positions = without_hidden_rows(io, table, dvs.get(data_file.file_path))
         if table.num_rows == 0:
             continue
         keys = encode_keys([table.column(c) for c in columns.key], names=list(columns.key))

@@ -36,11 +36,14 @@ def compaction_budget(settings: TableSettings, batch_bytes: int) -> int:
     return max(settings.compaction_min_budget_bytes, BUDGET_FACTOR * batch_bytes)
 
 
-def maintain_after_commit(plan: WritePlan, batch_bytes: int, batch_id: int | None) -> CompactionResult | None:
+def maintain_after_commit(
+    plan: WritePlan, batch_bytes: int, batch_id: int | None, table: Table | None = None
+) -> CompactionResult | None:
+    """`table`: the table as the batch's commit left it (loaded from the catalog if not given)."""
     if plan.options.maintenance != "auto":
         return None
     try:
-        table = loader.load(plan.catalog).load_table(plan.identifier)
+        table = table or loader.load(plan.catalog).load_table(plan.identifier)
         settings = TableSettings.of_table(table.metadata)
         result = compact(table, budget_bytes=compaction_budget(settings, batch_bytes), batch_id=batch_id)
         if result.snapshot_id is not None:

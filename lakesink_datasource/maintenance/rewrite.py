@@ -28,7 +28,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.types import LongType, NestedField
 
-from lakesink_datasource.iceberg.live_files import read_deletion_vector
+from lakesink_datasource.iceberg.live_files import without_hidden_rows
 from lakesink_datasource.iceberg.manifests import data_file_first_row_id
 from lakesink_datasource.iceberg.partition_key import PartitionKey, encode_partition, partition_path
 from lakesink_datasource.iceberg.properties import TableSettings
@@ -70,12 +70,7 @@ def live_rows_with_lineage(io: FileIO, item: RewriteInput, target: pa.Schema) ->
     data_file = item.entry.data_file
     with io.new_input(data_file.file_path).open() as stream:
         table = pq.read_table(stream)
-    n = table.num_rows
-    positions = np.arange(n, dtype=np.int64)
-    if item.deletion_vector is not None:
-        hidden = np.fromiter(read_deletion_vector(io, item.deletion_vector.data_file), dtype=np.int64)
-        keep = ~np.isin(positions, hidden)
-        table, positions = table.filter(pa.array(keep)), positions[keep]
+    table, positions = without_hidden_rows(io, table, item.deletion_vector)
     ids = _field_ids(table.schema)
     first_row_id = data_file_first_row_id(data_file)
     inherited = {

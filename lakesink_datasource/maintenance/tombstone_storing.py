@@ -62,9 +62,10 @@ def _create_companion(catalog: Catalog, identifier: str, schema: pa.Schema) -> T
         return catalog.load_table(companion_identifier(identifier))
 
 
-def store_tombstones(catalog: Catalog, identifier: str) -> int:
-    """Append the not yet stored tombstones of `identifier` to its companion; returns rows."""
-    table = catalog.load_table(identifier)
+def store_tombstones(catalog: Catalog, identifier: str, table: Table | None = None) -> int:
+    """Append the not yet stored tombstones of `identifier` (`table`, when the caller has it
+    loaded) to its companion; returns rows."""
+    table = table or catalog.load_table(identifier)
     companion = load_companion(catalog, identifier)
     files, newest = _pending_files(table, stored_through(companion))
     if not files:
@@ -96,11 +97,11 @@ def store_tombstones(catalog: Catalog, identifier: str) -> int:
     return rows.num_rows
 
 
-def store_tombstones_safely(catalog: Catalog, identifier: str) -> None:
+def store_tombstones_safely(catalog: Catalog, identifier: str, table: Table | None = None) -> None:
     """`store_tombstones`, logging instead of raising: a batch must not fail because its
     deletes could not be copied yet (its summary still names them; the next run retries)."""
     try:
-        stored = store_tombstones(catalog, identifier)
+        stored = store_tombstones(catalog, identifier, table)
         if stored:
             log.info("lakesink: stored %d tombstone(s) of %s in %s", stored, identifier, companion_identifier(identifier))
     except Exception:
