@@ -28,6 +28,7 @@ from lakesink_datasource.maintenance.after_batch import maintain_after_commit
 from lakesink_datasource.maintenance.tombstone_storing import store_tombstones_safely
 from lakesink_datasource.messages import decode_messages
 from lakesink_datasource.options import parse_options
+from lakesink_datasource.progress import report_batch
 from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.table.setup import plan_write
 from lakesink_datasource.write.task import write_task
@@ -69,11 +70,13 @@ def _commit(plan: WritePlan, messages: list[WriterCommitMessage | None], batch_i
         # may expire the snapshot that names them.
         store_tombstones_safely(loader.load(plan.catalog), plan.identifier)
     outcome = commit_write(plan, decode_messages(messages), batch_id=batch_id)
-    if outcome.snapshot_id is None:
-        return
-    if sequenced:
-        store_tombstones_safely(loader.load(plan.catalog), plan.identifier, outcome.table)
-    maintain_after_commit(plan, outcome.stats.bytes_written, batch_id=batch_id, table=outcome.table)
+    compaction = None
+    if outcome.snapshot_id is not None:
+        if sequenced:
+            store_tombstones_safely(loader.load(plan.catalog), plan.identifier, outcome.table)
+        compaction = maintain_after_commit(plan, outcome.stats.bytes_written, batch_id=batch_id, table=outcome.table)
+    if plan.options.progress:
+        report_batch(plan.options.table, batch_id, outcome, compaction)
 
 
 class LakeSinkBatchWriter(DataSourceArrowWriter):

@@ -38,6 +38,7 @@ class WriteOptions(msgspec.Struct, frozen=True, kw_only=True):
     format_version: int = 3
     table_properties: dict[str, str] = {}  # from property.<key> options
     maintenance: str = "auto"
+    progress: bool = True  # one line per committed batch on the driver's stderr
     operation: str = "append"
     primary_key: tuple[str, ...] | None = None
     op_column: str | None = None
@@ -64,6 +65,7 @@ _SIMPLE = {
     "sequence_column",
     "index_dir",
     "maintenance",
+    "progress",
 }
 # Spark passes the save()/start() argument as `path`; it means the table name.
 _ALIASES = {"path": "table"}
@@ -103,6 +105,13 @@ def _int_option(name: str, raw: str, allowed: tuple[int, ...] | None = None, min
     if value < minimum:
         raise OptionError(f"option '{name}' must be >= {minimum}, got {value}")
     return value
+
+
+def _bool_option(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value not in ("true", "false"):
+        raise OptionError(f"option '{name}' must be true or false, got {raw!r}")
+    return value == "true"
 
 
 def parse_options(raw: Mapping[str, str]) -> WriteOptions:
@@ -174,6 +183,8 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
     }
     if "target_file_size_bytes" in values:
         kwargs["target_file_size_bytes"] = _int_option("target_file_size_bytes", values["target_file_size_bytes"])
+    if "progress" in values:
+        kwargs["progress"] = _bool_option("progress", values["progress"])
     if "format_version" in values:
         kwargs["format_version"] = _int_option("format_version", values["format_version"], allowed=(2, 3))
     if "primary_key" in values:

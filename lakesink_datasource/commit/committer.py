@@ -54,6 +54,11 @@ class CommitOutcome:
     attempts: int
     stats: TaskStats
     table: Table | None = None  # the table as this commit left it (what follows reuses it)
+    data_files: int = 0  # added by the snapshot
+    deletion_vectors: int = 0  # written by the snapshot (merged with the file's earlier DV)
+    seconds: float = 0.0  # the driver's commit, from the catalog load to cleaning up after it
+    expired_snapshots: int = 0
+    files_removed: int = 0  # unreferenced by the commit (expired snapshots, old metadata) and deleted
 
 
 def _sum_stats(results: list[TaskResult]) -> TaskStats:
@@ -225,6 +230,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
     attempts = settings.commit_num_retries + 1
     for attempt_number in range(attempts):
         fault_point("before_commit", batch_id)
+        extra[keys.COMMIT_PREPARE_SECONDS] = f"{time.perf_counter() - started:.3f}"
         try:
             attempt = _attempt(producer, plan, table, attempt_number, extra, query_id, batch_id)
         except ConflictError as exc:
@@ -249,16 +255,21 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
         snapshot = attempt.snapshot
         assert snapshot is not None  # a batch commit always adds one
         removed = _after_commit(committed, table, attempt)
+        seconds = time.perf_counter() - started
+        dvs = len(producer.last.deletion_vectors)
         log.info(
             "lakesink: committed snapshot %d (%s) batch=%s rows_in=%d rows_written=%d rows_deleted=%d "
             "data_files=%d dvs=%d bytes=%d attempts=%d partition_s=%.3f index_s=%.3f write_s=%.3f commit_s=%.3f "
             "expired_snapshots=%d files_removed=%d",
             snapshot.snapshot_id, snapshot.summary.operation.value if snapshot.summary else "?", batch_id,
             stats.rows_in, stats.rows_written, stats.rows_deleted, len(delta.added_data_files),
-            len(producer.last.deletion_vectors), stats.bytes_written, attempt_number + 1, stats.partition_seconds,
-            stats.index_seconds, stats.write_seconds, time.perf_counter() - started, len(attempt.expired), removed,
+            dvs, stats.bytes_written, attempt_number + 1, stats.partition_seconds,
+            stats.index_seconds, stats.write_seconds, seconds, len(attempt.expired), removed,
         )
-        return CommitOutcome(snapshot.snapshot_id, None, attempt_number + 1, stats, committed)
+        return CommitOutcome(
+            snapshot.snapshot_id, None, attempt_number + 1, stats, committed, data_files=len(delta.added_data_files),
+            deletion_vectors=dvs, seconds=seconds, expired_snapshots=len(attempt.expired), files_removed=removed,
+        )
     producer.cleanup(committed_attempt=None)
     raise CommitError(
         f"could not commit to {plan.identifier} after {attempts} attempts: other writers kept committing first "

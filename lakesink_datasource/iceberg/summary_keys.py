@@ -21,3 +21,4 @@ ROWS_DELETED = "lakesink.rows-deleted"
 PARTITION_SECONDS = "lakesink.partition-seconds"
 INDEX_SECONDS = "lakesink.index-seconds"
 WRITE_SECONDS = "lakesink.write-seconds"
+COMMIT_PREPARE_SECONDS = "lakesink.commit-prepare-seconds"  # driver: commit start until the snapshot is written

@@ -28,6 +28,7 @@ from lakesink_datasource.messages import LakeSinkCommitMessage, TaskResult, Task
 from lakesink_datasource.schema.arrow_align import BatchAligner, table_arrow_schema
 from lakesink_datasource.table import idempotency, metadata_cache
 from lakesink_datasource.table.plan import WritePlan
+from lakesink_datasource.write.changes import KeyedInputError
 from lakesink_datasource.write.keyed import KeyedWriter
 
 MAX_OPEN_FILES = 100
@@ -61,6 +62,7 @@ class TaskIdentity:
     attempt: int = 0
     batch_id: int | None = None
     query_id: str | None = None
+    speculation: bool = False  # Spark may run a second attempt of this task at the same time
 
     @classmethod
     def from_spark(cls) -> TaskIdentity:
@@ -76,6 +78,8 @@ class TaskIdentity:
             attempt=ctx.attemptNumber(),
             batch_id=int(batch) if batch is not None else None,
             query_id=ctx.getLocalProperty("sql.streaming.queryId"),
+            # Spark SQL hands its session's spark.* settings to tasks as local properties.
+            speculation=(ctx.getLocalProperty("spark.speculation") or "false").strip().lower() == "true",
         )
 
 
@@ -96,6 +100,14 @@ def write_task(
     plan: WritePlan, batches: Iterator[pa.RecordBatch], who: TaskIdentity | None = None
 ) -> LakeSinkCommitMessage:
     who = who or TaskIdentity.from_spark()
+    if plan.keyed is not None and who.speculation:
+        # Two live attempts of one task would both resolve their keys in the host's index,
+        # and the attempt Spark keeps could hide rows the other one wrote.
+        raise KeyedInputError(
+            "keyed writes (operation=upsert, cdc, dedupe) cannot run with spark.speculation=true: two attempts "
+            "of one task would change the key index at once. Set spark.speculation=false for this job "
+            "(appends are safe with speculation)"
+        )
     metadata = metadata_cache.load(plan.metadata_location, plan.io_properties)
 
     def result(**kwargs: Any) -> LakeSinkCommitMessage:

@@ -29,6 +29,7 @@ def existing_table(spark, warehouse: str) -> str:
         ({"format_version": "7"}, "format_version"),
         ({"target_file_size_bytes": "big"}, "target_file_size_bytes"),
         ({"operation": "merge"}, "operation"),
+        ({"progress": "loud"}, "option 'progress' must be true or false"),
     ],
 )
 def test_bad_options_are_named_and_change_nothing(spark, warehouse: str, existing_table: str, options: dict, message: str) -> None:

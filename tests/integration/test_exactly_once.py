@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,6 +41,12 @@ def make_source(folder: Path, batches: int, rows_per_batch: int) -> list[dict]:
 
 
 def run_child(tmp_path: Path, warehouse: str, faults: list[dict] | None, extra: tuple[str, ...] = ()) -> int:
+    return run_child_process(tmp_path, warehouse, faults, extra).returncode
+
+
+def run_child_process(
+    tmp_path: Path, warehouse: str, faults: list[dict] | None, extra: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[bytes]:
     env = dict(os.environ)
     faults_file = tmp_path / "child-faults.json"
     if faults is None:
@@ -54,7 +61,7 @@ def run_child(tmp_path: Path, warehouse: str, faults: list[dict] | None, extra: 
         capture_output=True,
         timeout=300,
     )
-    return proc.returncode
+    return proc
 
 
 def epochs(warehouse: str) -> list[str]:
@@ -93,9 +100,20 @@ def test_kill_while_tasks_write_leaves_nothing_visible_and_restart_completes(tmp
 
 def test_kill_before_commit_then_restart(tmp_path: Path, warehouse: str) -> None:
     everything = make_source(tmp_path / "source", batches=3, rows_per_batch=25)
-    assert run_child(tmp_path, warehouse, [{"point": "before_commit", "batch": 2, "action": "kill"}]) == -signal.SIGKILL
+    killed = run_child_process(tmp_path, warehouse, [{"point": "before_commit", "batch": 2, "action": "kill"}])
+    assert killed.returncode == -signal.SIGKILL
     assert epochs(warehouse) == ["0", "1"]
-    assert run_child(tmp_path, warehouse, None) == 0
+    # The driver's console shows one line per committed batch, and none for the killed one.
+    console = killed.stderr.decode()
+    assert re.search(r"lakesink db\.stream batch 0: 25 rows in, 25 written, 0 hidden \| 2 files, 0 DVs, .* \| snapshot \d+", console), console[-3000:]
+    assert "lakesink db.stream batch 1: 25 rows in" in console
+    assert "batch 2:" not in console
+    restarted = run_child_process(tmp_path, warehouse, None)
+    assert restarted.returncode == 0
+    assert "lakesink db.stream batch 2: 25 rows in" in restarted.stderr.decode()
+    make_source(tmp_path / "quiet" / "source", batches=1, rows_per_batch=5)
+    quiet = run_child_process(tmp_path / "quiet", str(tmp_path / "quiet-warehouse"), None, ("progress=false",))
+    assert quiet.returncode == 0 and "lakesink db.stream" not in quiet.stderr.decode()
     assert_readers_see(warehouse, "db.stream", expected_rows(everything, COLUMNS), COLUMNS)
     assert epochs(warehouse) == ["0", "1", "2"]
 

@@ -22,6 +22,7 @@ LAYERS: list[set[str]] = [
     {"table"},  # table state: planning, metadata cache, idempotency
     {"write", "commit"},  # the task side and the commit side
     {"maintenance"},
+    {"progress"},  # what the driver prints per batch
     {"check", "duckdb_reader", "maintain", "datasource"},  # tools and the Spark face
     {"__init__"},  # the package's public names
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -12,6 +14,7 @@ from lakesink_datasource.commit.committer import CommitError, commit_write
 from lakesink_datasource.messages import TaskResult, decode_messages
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.table.setup import plan_write
+from lakesink_datasource.write.changes import KeyedInputError
 from lakesink_datasource.write.task import TaskIdentity, write_task
 
 SCHEMA = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.StringType())])
@@ -44,3 +47,12 @@ def test_keys_clustered_by_host_commit(plan, warehouse: str) -> None:  # type: i
     assert commit_write(plan, [a, b], None).snapshot_id is not None
     hashes = np.frombuffer(a.key_hashes, dtype="<u8")
     assert len(hashes) == 3 and (np.diff(hashes.astype(np.float64)) > 0).all()  # sorted, unique
+
+
+def test_a_keyed_task_under_speculation_refuses_before_writing(plan, warehouse: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    batch = pa.record_batch({"id": pa.array([1, 2], pa.int64()), "v": pa.array(["a", "b"])})
+    with pytest.raises(KeyedInputError, match=r"spark\.speculation=true.*Set spark\.speculation=false"):
+        write_task(plan, iter([batch]), who=TaskIdentity(partition_id=0, speculation=True))
+    assert list(Path(warehouse).rglob("*.parquet")) == []
+    assert not (tmp_path / "idx").exists() or not any((tmp_path / "idx").iterdir())
+    assert current_snapshot_id(warehouse, "db.k") is None
