@@ -10,7 +10,8 @@ points: "task_files_written" (a task wrote its files, before returning its messa
 "before_commit" (driver commit, before the catalog commit), "after_commit" (the Iceberg
 commit landed, Spark has not recorded the batch yet). actions: "kill" SIGKILLs the job's
 process session leader group and its own (driver, JVM, Python workers: a machine crash), "raise" raises
-InjectedFault, "run" runs `command` (argv list) and waits for it. A rule with
+InjectedFault, "kill_executor" SIGKILLs the JVM this Python worker serves (an executor lost
+mid-task, on a cluster), "run" runs `command` (argv list) and waits for it. A rule with
 "once": true is disarmed (file rewritten without it) when it fires.
 """
 
@@ -39,6 +40,20 @@ def _kill_everything() -> None:
             pass
 
 
+def _kill_executor_jvm() -> None:
+    # A Python worker's ancestors are pyspark's daemon and then the executor's JVM.
+    pid = os.getppid()
+    while pid > 1:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv0 = f.read().split(b"\0", 1)[0]
+        if os.path.basename(argv0) == b"java":
+            os.kill(pid, signal.SIGKILL)
+            return
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    raise RuntimeError("kill_executor: no JVM among this process's ancestors")
+
+
 def fault_point(point: str, batch_id: int | None = None) -> None:
     path = os.environ.get(ENV)
     if not path or not os.path.exists(path):
@@ -59,6 +74,8 @@ def fault_point(point: str, batch_id: int | None = None) -> None:
         action = rule.get("action")
         if action == "kill":
             _kill_everything()
+        elif action == "kill_executor":
+            _kill_executor_jvm()
         elif action == "raise":
             raise InjectedFault(f"injected fault at {point} (batch {batch_id})")
         elif action == "run":

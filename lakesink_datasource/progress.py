@@ -29,8 +29,9 @@ def describe_batch(table: str, batch_id: int | None, outcome: CommitOutcome, com
     if outcome.snapshot_id is None:
         return f"{what}: {outcome.skipped_reason}; nothing committed"
     s = outcome.stats
+    deleted = f" ({s.rows_deleted:,} keys deleted)" if s.rows_deleted else ""
     line = (
-        f"{what}: {s.rows_in:,} rows in, {s.rows_written:,} written, {s.rows_deleted:,} hidden"
+        f"{what}: {s.rows_in:,} rows in, {s.rows_written:,} written, {outcome.rows_hidden:,} old rows hidden{deleted}"
         f" | {outcome.data_files} files, {outcome.deletion_vectors} DVs, {_size(s.bytes_written)}"
         f" | commit {outcome.seconds:.2f} s | snapshot {outcome.snapshot_id}"
     )

@@ -43,6 +43,11 @@ def load_table_from_arguments(args: argparse.Namespace) -> Table:
     for prop in args.catalog_prop:
         key, value = prop.split("=", 1)
         raw[f"catalog.{key}"] = value
+    return load_existing_table(raw)
+
+
+def load_existing_table(raw: dict[str, str]) -> Table:
+    """The table that write options `raw` name; never creates a catalog or a table."""
     options = parse_options(raw)
     config = loader.catalog_config(options)
     if options.uses_embedded_catalog and not os.path.exists(os.path.join(options.warehouse, "catalog.db")):

@@ -56,6 +56,7 @@ class CommitOutcome:
     table: Table | None = None  # the table as this commit left it (what follows reuses it)
     data_files: int = 0  # added by the snapshot
     deletion_vectors: int = 0  # written by the snapshot (merged with the file's earlier DV)
+    rows_hidden: int = 0  # existing rows the snapshot hides (replaced or deleted keys)
     seconds: float = 0.0  # the driver's commit, from the catalog load to cleaning up after it
     expired_snapshots: int = 0
     files_removed: int = 0  # unreferenced by the commit (expired snapshots, old metadata) and deleted
@@ -268,7 +269,8 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
         )
         return CommitOutcome(
             snapshot.snapshot_id, None, attempt_number + 1, stats, committed, data_files=len(delta.added_data_files),
-            deletion_vectors=dvs, seconds=seconds, expired_snapshots=len(attempt.expired), files_removed=removed,
+            deletion_vectors=dvs, rows_hidden=sum(len(p.positions) for p in delta.position_deletes.values()),
+            seconds=seconds, expired_snapshots=len(attempt.expired), files_removed=removed,
         )
     producer.cleanup(committed_attempt=None)
     raise CommitError(

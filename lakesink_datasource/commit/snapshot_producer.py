@@ -4,7 +4,8 @@ Modelled on Iceberg Java's split between snapshot production (`SnapshotProducer`
 `BaseRowDelta`) and the commit that swaps it in: `produce()` builds a snapshot against a
 base and can run again on a newer base after a lost race. It reads as four steps:
 
-1. validate: the named conflict checks of `validation.py` against this base;
+1. validate: the named conflict checks of `validation.py` against this base, after the
+   batch's deletes are moved onto the files of compactions committed meanwhile (`rebase.py`);
 2. deletes: pending positions merged with the base's DVs into new DVs (`deletion_vectors.py`);
 3. carry-over: the base's manifests as they stand after this commit's removals, then merged
    with Java's rules (`manifest_merge.py`) so their number stays bounded;
@@ -31,6 +32,7 @@ from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 
 from lakesink_datasource.commit.deletion_vectors import PendingDeletes, write_deletion_vectors
 from lakesink_datasource.commit.manifest_merge import merge_manifests
+from lakesink_datasource.commit.rebase import Rebased, rebase_onto_compactions
 from lakesink_datasource.commit.validation import (
     validate_delete_targets_exist,
     validate_no_concurrent_key_changes,
@@ -41,6 +43,7 @@ from lakesink_datasource.iceberg.manifest_list import ManifestListWriter, read_m
 from lakesink_datasource.iceberg.manifests import read_entries, referenced_data_file, write_manifest
 from lakesink_datasource.iceberg.properties import TableSettings
 from lakesink_datasource.iceberg.summary import ChangeCounts, build_summary
+from lakesink_datasource.iceberg.summary_keys import MOVED_DELETES
 from lakesink_datasource.iceberg.table_metadata import last_sequence_number, next_row_id
 from lakesink_datasource.version import __version__
 
@@ -94,6 +97,7 @@ class _Attempt:
 
     counts: ChangeCounts = field(default_factory=ChangeCounts)
     deletion_vectors: list[DataFile] = field(default_factory=list)
+    rebased: Rebased | None = None  # the delta's deletes as they apply to this base
 
 
 class SnapshotProducer:
@@ -123,10 +127,13 @@ class SnapshotProducer:
             self._added_manifests = self._write_added(base)
         self._attempt = attempt
         self.last = state = _Attempt()
-        self.validate(base)
+        self.validate(base, state)
         dv_manifests = self._deletes(base, state)
         for f in self._delta.added_data_files + state.deletion_vectors:
             state.counts.add(f, self._partition_path(base, f))
+        rebased = state.rebased
+        if rebased is not None and rebased.moved_files:
+            extra_summary = {**extra_summary, MOVED_DELETES: f"{rebased.by_row_id},{rebased.by_key},{rebased.gone}"}
         dropped_dvs = self._replaced_dv_targets(state.deletion_vectors) | set(self._delta.rewritten)
         carried = self._carry_over(base, state.counts, dropped_dvs, set(self._delta.rewritten))
         manifests = merge_manifests(
@@ -139,13 +146,21 @@ class SnapshotProducer:
         )
         return self._snapshot(base, attempt, manifests, state.counts, extra_summary)
 
-    def validate(self, base: TableMetadata) -> None:
+    def validate(self, base: TableMetadata, state: _Attempt) -> None:
         """The conflict checks this commit needs against `base` (Java's `validate`)."""
         if self._delta.position_deletes:
+            state.rebased = rebase_onto_compactions(
+                self._io,
+                base,
+                self._delta.position_deletes,
+                added=(f.file_path for f in self._delta.added_data_files),
+                planned_snapshot_id=self._delta.planned_snapshot_id,
+                key_columns=self._delta.key_columns,
+            )
             validate_delete_targets_exist(
                 self._io,
                 base,
-                targets=self._delta.position_deletes,
+                targets=state.rebased.pending,
                 added=(f.file_path for f in self._delta.added_data_files),
                 planned_snapshot_id=self._delta.planned_snapshot_id,
             )
@@ -161,7 +176,7 @@ class SnapshotProducer:
     def _deletes(self, base: TableMetadata, state: _Attempt) -> list[ManifestFile]:
         """This attempt's DVs (pending positions merged with the base's) and the delete
         manifests that add them."""
-        pending = self._delta.position_deletes
+        pending = state.rebased.pending if state.rebased is not None else self._delta.position_deletes
         if not pending:
             return []
         location = f"{self._data_dir}/{self._commit_uuid}-{self._attempt}-deletes.puffin"

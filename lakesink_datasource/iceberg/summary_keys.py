@@ -22,3 +22,6 @@ PARTITION_SECONDS = "lakesink.partition-seconds"
 INDEX_SECONDS = "lakesink.index-seconds"
 WRITE_SECONDS = "lakesink.write-seconds"
 COMMIT_PREPARE_SECONDS = "lakesink.commit-prepare-seconds"  # driver: commit start until the snapshot is written
+# Rows this batch hides that a compaction committed meanwhile had moved: found again by
+# "<by row id>,<by key>,<no longer live>" (commit/rebase.py).
+MOVED_DELETES = "lakesink.deletes-moved-by-compaction"

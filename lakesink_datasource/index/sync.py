@@ -20,6 +20,7 @@ Deleting the index directory is therefore always safe: the next task rebuilds it
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
@@ -55,8 +56,13 @@ SEQUENCE = "__lakesink_sequence"  # the sequence column's name in tombstone file
 _REBUILD_TOKEN = "rebuild"
 
 
-def host_name() -> str:
-    return socket.gethostname()
+def index_owner(path: str) -> str:
+    """Names the index a task resolves its keys in: the host, plus a short digest of the
+    index's directory, because two Spark workers on one machine (each with its own HOME or
+    index_dir) keep separate indexes just like two machines do. No ',' or '/': the names are
+    listed in a snapshot summary and inside undo tokens."""
+    digest = hashlib.sha1(os.path.realpath(path).encode()).hexdigest()[:8]
+    return f"{socket.gethostname().replace(',', '_').replace('/', '_')}:{digest}"
 
 
 def default_index_dir() -> str:

@@ -32,15 +32,18 @@ from lakesink_datasource.iceberg.live_files import without_hidden_rows
 from lakesink_datasource.iceberg.manifests import data_file_first_row_id
 from lakesink_datasource.iceberg.partition_key import PartitionKey, encode_partition, partition_path
 from lakesink_datasource.iceberg.properties import TableSettings
+from lakesink_datasource.iceberg.row_lineage import (
+    FIELD_ID_KEY,
+    LAST_UPDATED,
+    LAST_UPDATED_FIELD_ID,
+    ROW_ID,
+    ROW_ID_FIELD_ID,
+    field_ids,
+)
 from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
 from lakesink_datasource.messages import DataFileMessage
 from lakesink_datasource.schema.arrow_align import table_arrow_schema
 
-ROW_ID_FIELD_ID = 2147483540
-LAST_UPDATED_FIELD_ID = 2147483539
-ROW_ID = "_row_id"
-LAST_UPDATED = "_last_updated_sequence_number"
-FIELD_ID_KEY = b"PARQUET:field_id"
 COMPACTED_PREFIX = "compacted-"  # names of files a lakesink compaction wrote
 _V = TypeVar("_V")
 
@@ -55,15 +58,6 @@ def _lineage_field(field_id: int, name: str) -> pa.Field:
     return pa.field(name, pa.int64(), nullable=True, metadata={FIELD_ID_KEY: str(field_id).encode()})
 
 
-def _field_ids(schema: pa.Schema) -> dict[int, int]:
-    """Parquet field id -> column index, for top-level columns that have one."""
-    out = {}
-    for i, f in enumerate(schema):
-        if f.metadata and FIELD_ID_KEY in f.metadata:
-            out[int(f.metadata[FIELD_ID_KEY])] = i
-    return out
-
-
 def live_rows_with_lineage(io: FileIO, item: RewriteInput, target: pa.Schema) -> pa.Table:
     """The file's rows its DV does not hide, as `target` (table columns + the two lineage
     columns), lineage made explicit."""
@@ -71,7 +65,7 @@ def live_rows_with_lineage(io: FileIO, item: RewriteInput, target: pa.Schema) ->
     with io.new_input(data_file.file_path).open() as stream:
         table = pq.read_table(stream)
     table, positions = without_hidden_rows(io, table, item.deletion_vector)
-    ids = _field_ids(table.schema)
+    ids = field_ids(table.schema)
     first_row_id = data_file_first_row_id(data_file)
     inherited = {
         ROW_ID_FIELD_ID: None if first_row_id is None else pa.array(positions + first_row_id, pa.int64()),

@@ -50,7 +50,7 @@ from lakesink_datasource.index.sync import (
     TOMBSTONE,
     KeyColumns,
     default_index_dir,
-    host_name,
+    index_owner,
     sync,
     token_for,
 )
@@ -89,8 +89,8 @@ class KeyedWriter:
         self._splitter = splitter
         self._aligner = aligner
         self._spec_id = metadata.spec().spec_id
-        self.host = host_name()
         path = index_location(plan, metadata)
+        self.host = index_owner(path)
         if damage(path) == "not a directory":
             remove_environment(path)
         os.makedirs(path, exist_ok=True)

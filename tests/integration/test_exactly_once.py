@@ -105,7 +105,7 @@ def test_kill_before_commit_then_restart(tmp_path: Path, warehouse: str) -> None
     assert epochs(warehouse) == ["0", "1"]
     # The driver's console shows one line per committed batch, and none for the killed one.
     console = killed.stderr.decode()
-    assert re.search(r"lakesink db\.stream batch 0: 25 rows in, 25 written, 0 hidden \| 2 files, 0 DVs, .* \| snapshot \d+", console), console[-3000:]
+    assert re.search(r"lakesink db\.stream batch 0: 25 rows in, 25 written, 0 old rows hidden \| 2 files, 0 DVs, .* \| snapshot \d+", console), console[-3000:]
     assert "lakesink db.stream batch 1: 25 rows in" in console
     assert "batch 2:" not in console
     restarted = run_child_process(tmp_path, warehouse, None)

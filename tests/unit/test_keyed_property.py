@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from keyed_model import Config, Harness, Model, label_batches, micro_batches
 from lakesink_testing import duckdb_connection
 
+from lakesink_datasource.iceberg.summary_keys import MOVED_DELETES
 from lakesink_datasource.maintenance.compaction import compact
 
 PARTITIONS = st.sampled_from([None, "bucket(4, id)", "days(ts)"])
@@ -130,3 +131,30 @@ def test_lakesink_compaction_between_keyed_batches_keeps_rows_and_row_ids(operat
                 event("compacted" if result.snapshot_id is not None else "nothing to compact")
                 harness.assert_matches(model.expected(), f"after compacting after batch {batch_id}")
                 assert _lineage(harness) == lineage, "a compacted row changed its row id or last-updated sequence"
+
+
+@pytest.mark.parametrize(("operation", "sequence"), [("cdc", True), ("upsert", False)], ids=["cdc-seq", "upsert-noseq"])
+@SETTINGS
+@given(data=st.data())
+def test_lakesink_compaction_during_keyed_batches_never_fails_them(operation: str, sequence: bool, data: st.DataObject) -> None:
+    """A compaction commits between a batch's tasks and its commit (as one running beside a
+    stream would): the batch's deletes are moved onto the compacted files by row id, it
+    commits, and every batch matches the model."""
+    config = Config(operation, data.draw(PARTITIONS, label="partition_by"), sequence)
+    labelled = label_batches(config, data.draw(micro_batches(operation, sequence, 2, 5), label="batches"))
+    compact_during = data.draw(st.lists(st.booleans(), min_size=len(labelled), max_size=len(labelled)), label="compact_during")
+    with Harness(config) as harness:
+        model = Model(config)
+        for batch_id, batch in enumerate(labelled):
+            plan = harness.plan()
+            messages = [harness.write(plan, task, batch_id, partition_id=i) for i, task in enumerate(batch)]
+            if compact_during[batch_id] and harness.table().metadata.current_snapshot() is not None:
+                result = compact(harness.table(), budget_bytes=1 << 40, tiered=False)
+                event("compacted mid-batch" if result.snapshot_id is not None else "nothing to compact")
+            outcome = harness.commit(plan, messages, batch_id)
+            moved = outcome.table.metadata.current_snapshot().summary.additional_properties.get(MOVED_DELETES) if outcome.table else None
+            if moved:
+                event("deletes moved")
+                assert moved.split(",")[1] == "0", f"lakesink's compaction keeps lineage, yet rows were found by key: {moved}"
+            model.apply_batch(batch)
+            harness.assert_matches(model.expected(), f"after batch {batch_id}")

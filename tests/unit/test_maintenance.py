@@ -14,23 +14,30 @@ import shutil
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from keyed_model import IDENT as KEYED_IDENT
 from keyed_model import Change, Config, Harness, Model, label_batches
 from lakesink_testing import assert_readers_see, duckdb_connection, expected_rows, load
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table
+from pyiceberg.typedef import Record
 from pyspark.sql import types as T
 
 from lakesink_datasource.check import check_table
 from lakesink_datasource.commit.committer import CommitOutcome, commit_write
+from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
 from lakesink_datasource.commit.swap import PreparedCommit, swap_in
 from lakesink_datasource.iceberg.live_files import live_data_files, live_deletion_vectors
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
+from lakesink_datasource.iceberg.manifests import content_offset
+from lakesink_datasource.iceberg.summary_keys import MOVED_DELETES
 from lakesink_datasource.index.key_index import open_index
 from lakesink_datasource.maintain import main as maintain_main
 from lakesink_datasource.maintain import maintain_table
@@ -39,6 +46,8 @@ from lakesink_datasource.maintenance.compaction import compact
 from lakesink_datasource.maintenance.orphans import remove_orphans
 from lakesink_datasource.messages import decode_messages
 from lakesink_datasource.options import parse_options
+from lakesink_datasource.schema.arrow_align import table_arrow_schema
+from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.table.setup import plan_write
 from lakesink_datasource.table.tombstone_table import companion_identifier, read_stored
 from lakesink_datasource.write.task import TaskIdentity, write_task
@@ -216,6 +225,111 @@ def test_fully_deleted_files_are_dropped_and_dry_run_changes_nothing(warehouse: 
     result = compact(table, budget_bytes=UNLIMITED, tiered=False)
     assert result.files_dropped == 2 and result.files_written == 0
     assert_readers_see(warehouse, IDENT, expected_rows(_rows(range(10), "b"), COLUMNS), COLUMNS)
+
+
+# --- a compaction while a keyed batch is in flight -------------------------------------------------
+
+
+def _plan_and_write(warehouse: str, ids: Iterable[int], *, tag: str, batch: int, **options: str) -> tuple[WritePlan, bytes]:
+    """The tasks' half of a batch: planned and written, not committed yet."""
+    plan = plan_write(parse_options({"table": IDENT, "warehouse": warehouse, **options}), SCHEMA, overwrite=False)
+    message = write_task(plan, iter([pa.RecordBatch.from_pylist(_rows(ids, tag), schema=ARROW)]),
+                         TaskIdentity(batch_id=batch, query_id="q"))
+    return plan, message
+
+
+def _compact_in_another_process(warehouse: str) -> None:
+    script = (
+        "import sys; sys.path.insert(0, 'tests'); from lakesink_testing import load; "
+        "from lakesink_datasource.maintenance.compaction import compact; "
+        f"r = compact(load({warehouse!r}, {IDENT!r}), budget_bytes=1 << 40, tiered=False); "
+        "assert r.snapshot_id is not None, r"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True)
+
+
+def _rewrite_without_lineage(warehouse: str) -> None:
+    """A compaction as an engine that drops row lineage would write it: every live row in
+    one new file, in another order, without `_row_id` (new ids are assigned)."""
+    table = load(warehouse, IDENT)
+    snapshot = table.current_snapshot()
+    rows = table.scan().to_arrow().select(COLUMNS).sort_by([("id", "descending")])
+    path = f"{table.metadata.location}/data/foreign-rewrite-{uuid.uuid4().hex}.parquet"
+    pq.write_table(rows.cast(table_arrow_schema(table.schema())), _local(path))
+    added = DataFile.from_args(
+        _table_format_version=3, content=DataFileContent.DATA, file_path=path, file_format=FileFormat.PARQUET,
+        partition=Record(), record_count=rows.num_rows, file_size_in_bytes=os.path.getsize(_local(path)),
+        first_row_id=None, referenced_data_file=None, content_offset=None, content_size_in_bytes=None,
+    )
+    added.spec_id = 0
+    dvs = live_deletion_vectors(table.io, snapshot)
+    rewritten = {
+        e.data_file.file_path: (dvs[e.data_file.file_path].data_file.file_path, content_offset(dvs[e.data_file.file_path].data_file))
+        if e.data_file.file_path in dvs else None
+        for e in live_data_files(table.io, snapshot)
+    }
+    producer = SnapshotProducer(table.io, table.metadata, RowDelta(added_data_files=[added], rewritten=rewritten))
+    swap_in(table, PreparedCommit(table.metadata, producer.produce(table.metadata, 0, {})))
+    producer.cleanup(committed_attempt=0)
+
+
+def test_a_compaction_during_a_keyed_batch_gets_the_batch_deletes_moved_by_row_id(
+    warehouse: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    live = _upsert_history(warehouse)
+    lineage = _lineage(load(warehouse, IDENT))
+    ids = list(range(0, 30, 2))  # 13 keys the table has, 2 new ones
+    plan, message = _plan_and_write(warehouse, ids, tag="late-", batch=10, **_keyed(warehouse))
+    _compact_in_another_process(warehouse)  # commits a replace while the batch is in flight
+    assert load(warehouse, IDENT).metadata.current_snapshot().summary.operation.value == "replace"  # type: ignore[union-attr]
+
+    outcome = commit_write(plan, decode_messages([message]), 10)
+
+    assert outcome.snapshot_id is not None
+    live.update({r["id"]: r for r in _rows(ids, "late-")})
+    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
+    table = load(warehouse, IDENT)
+    replaced = [i for i in ids if i in lineage]
+    assert table.metadata.current_snapshot().summary.additional_properties[MOVED_DELETES] == f"{len(replaced)},0,0"  # type: ignore[union-attr]
+    after = _lineage(table)
+    assert all(after[i] == lineage[i] for i in lineage if i not in ids)  # untouched rows keep their ids
+    assert check_table(table) == []
+    # The next batch catches the index up from the compaction's files alone.
+    caplog.set_level("INFO", logger="lakesink")
+    caplog.clear()
+    _write(warehouse, range(1, 30, 2), tag="next-", batch=11, **_keyed(warehouse))
+    live.update({r["id"]: r for r in _rows(range(1, 30, 2), "next-")})
+    assert not [r for r in caplog.records if "rebuilt key index" in r.getMessage()]
+    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
+    assert check_table(load(warehouse, IDENT)) == []
+
+
+def test_a_rewrite_without_row_lineage_during_a_keyed_batch_gets_the_deletes_moved_by_key(
+    warehouse: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    keyed = {"operation": "upsert", "primary_key": "id", "index_dir": f"{warehouse}/idx"}
+    live: dict[int, dict] = {}
+    for b in range(4):
+        ids = range(b * 3, b * 3 + 10)
+        _write(warehouse, ids, tag=f"b{b}-", batch=b, **keyed)
+        live.update({r["id"]: r for r in _rows(ids, f"b{b}-")})
+    ids = [0, 5, 11, 12, 20]  # 19 is the highest key: 20 is new
+    plan, message = _plan_and_write(warehouse, ids, tag="late-", batch=10, **keyed)
+    _rewrite_without_lineage(warehouse)
+
+    commit_write(plan, decode_messages([message]), 10)
+
+    live.update({r["id"]: r for r in _rows(ids, "late-")})
+    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
+    table = load(warehouse, IDENT)
+    assert table.metadata.current_snapshot().summary.additional_properties[MOVED_DELETES] == "0,4,0"  # type: ignore[union-attr]
+    assert check_table(table) == []
+    caplog.set_level("INFO", logger="lakesink")
+    caplog.clear()
+    _write(warehouse, [1, 5, 21], tag="next-", batch=11, **keyed)
+    live.update({r["id"]: r for r in _rows([1, 5, 21], "next-")})
+    assert not [r for r in caplog.records if "rebuilt key index" in r.getMessage()]
+    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
 
 
 # --- orphans and the maintain tool --------------------------------------------------------------

@@ -1,0 +1,106 @@
+"""A driver on a real Spark standalone cluster (tests/integration/test_standalone_cluster.py).
+
+usage: cluster_child.py MASTER_URL WAREHOUSE FAULTS_FILE SCENARIO OUT_JSON
+SCENARIO "cdc": keyed CDC batches clustered by key (an executor JVM is killed during one of
+them), then a batch whose key reaches both hosts, then one more batch.
+SCENARIO "speculation": the same session with spark.speculation=true: an append, then a
+keyed write. OUT_JSON records what each step did, for the test to compare with its model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+SCHEMA = "id long, v string, op string, seq long"
+TABLE = "db.cdc"
+
+
+def cdc_batches() -> list[list[tuple[int, str, str, int]]]:
+    """Four batches over keys 0..199: inserts, updates, deletes, late (older) changes."""
+    batches = []
+    for b in range(4):
+        rows = []
+        for k in range(200):
+            if (k + b) % 3 == 0:
+                rows.append((k, f"b{b}-{k}", "d" if (k + b) % 6 == 0 else "u", 10 * b + 5))
+            elif b and k % 7 == 0:
+                rows.append((k, f"late{b}-{k}", "u", 10 * (b - 1)))  # older than what the table has: ignored
+        batches.append(rows)
+    return batches
+
+
+def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> None:
+    from pyspark.sql import SparkSession
+
+    from lakesink_datasource import LakeSinkDataSource
+
+    builder = (
+        SparkSession.builder.master(master)
+        .config("spark.ui.enabled", "false")
+        .config("spark.executor.memory", "768m")
+        .config("spark.executor.cores", "1")
+        .config("spark.cores.max", "2")
+        .config("spark.executorEnv.LAKESINK_FAULTS", faults)
+        .config("spark.task.maxFailures", "4")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    if scenario == "speculation":
+        builder = builder.config("spark.speculation", "true")
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(LakeSinkDataSource)
+
+    def both_executors() -> None:
+        # Both workers' executors registered (the driver counts as one more): after an
+        # executor is killed its worker starts another, and until it registers every task
+        # would run on the one host left.
+        deadline = time.monotonic() + 120
+        while spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() < 3:
+            if time.monotonic() > deadline:
+                raise SystemExit("the cluster's two executors never registered")
+            time.sleep(0.2)
+
+    keyed = {"table": TABLE, "warehouse": warehouse, "operation": "cdc", "primary_key": "id", "op_column": "op", "sequence_column": "seq"}
+    report: dict[str, object] = {}
+
+    def write(df, options: dict[str, str]) -> str | None:  # type: ignore[no-untyped-def]
+        both_executors()
+        try:
+            df.write.format("lakesink").options(**options).mode("append").save()
+            return None
+        except Exception as exc:  # noqa: BLE001 (the test checks the message)
+            return str(exc)
+
+    if scenario == "speculation":
+        report["append"] = write(spark.createDataFrame([(1, "a"), (2, "b")], "id long, v string").repartition(2), {"table": "db.appended", "warehouse": warehouse})
+        rows = [(k, f"v{k}", "u", 1) for k in range(10)]
+        report["keyed"] = write(spark.createDataFrame(rows, SCHEMA).repartition(2, "id"), keyed)
+    else:
+        errors = []
+        for b, rows in enumerate(cdc_batches()):
+            if b == 2:
+                with open(faults, "w") as f:  # the first task to finish writing loses its executor
+                    json.dump([{"point": "task_files_written", "action": "kill_executor", "once": True}], f)
+            errors.append(write(spark.createDataFrame(rows, SCHEMA).repartition(4, "id"), keyed))
+        report["errors"] = errors
+        with open(faults) as f:
+            report["fault_fired"] = json.load(f) == []
+        # Key 7777 in each of 4 slices: tasks on both executors change it.
+        spread = [[(7777, f"slice{s}", "u", 100 + s)] + [(1000 + 10 * s + i, "x", "u", 100) for i in range(3)] for s in range(4)]
+        rdd = spark.sparkContext.parallelize([r for part in spread for r in part], 4)
+        report["spread"] = write(spark.createDataFrame(rdd, SCHEMA), keyed)
+        last = [(k, f"final-{k}", "u", 1000) for k in range(0, 200, 10)]
+        report["after"] = write(spark.createDataFrame(last, SCHEMA).repartition(4, "id"), keyed)
+    with open(out, "w") as f:
+        json.dump(report, f)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
