@@ -142,7 +142,7 @@ def _run_side(
 def _inspect(root: Path) -> dict[str, Any]:
     from pyiceberg.catalog.sql import SqlCatalog
 
-    from lakesink_datasource.iceberg.live_files import live_data_files, live_deletion_vectors
+    from lakesink_datasource.iceberg.live_files import live_data_files, live_position_deletes
 
     catalog = SqlCatalog("lakesink", uri=f"sqlite:///{root}/warehouse/catalog.db", warehouse=f"file://{root}/warehouse")
     table = catalog.load_table(IDENT)
@@ -158,7 +158,7 @@ def _inspect(root: Path) -> dict[str, Any]:
         "snapshots": len(table.metadata.snapshots),
         "live_data_files": len(live),
         "live_data_bytes": sum(e.data_file.file_size_in_bytes for e in live),
-        "live_dvs": len(live_deletion_vectors(table.io, snapshot)),
+        "live_dvs": len(live_position_deletes(table.io, snapshot)),
         "rows": int(snapshot.summary.additional_properties.get("total-records", 0)) if snapshot and snapshot.summary else 0,
     }
 

@@ -56,7 +56,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 
 from lakesink_datasource.catalog.table_args import add_table_arguments, check_table_arguments, open_table_or_report
-from lakesink_datasource.iceberg.live_files import read_deletion_vector
+from lakesink_datasource.iceberg.live_files import read_hidden_positions
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
 from lakesink_datasource.iceberg.manifests import (
     content_offset,
@@ -196,7 +196,7 @@ class _Checker:
             if is_deletion_vector(d.file):
                 target = referenced_data_file(d.file)
                 if target is not None:
-                    hidden[target] |= set(read_deletion_vector(self.io, d.file))
+                    hidden[target] |= set(read_hidden_positions(self.io, d.file))
             else:
                 with self.io.new_input(d.file.file_path).open() as stream:
                     deletes = pq.read_table(stream, columns=["file_path", "pos"]).to_pydict()

@@ -57,6 +57,7 @@ class Config:
     operation: str  # upsert | cdc | dedupe
     partition_by: str | None = None
     sequence: bool = False
+    format_version: int = 3  # 2: position-delete files instead of DVs, no row lineage
 
     @property
     def columns(self) -> list[str]:
@@ -64,7 +65,7 @@ class Config:
         return ["id", "v", "ts"] + (["seq"] if self.sequence else [])
 
     def __str__(self) -> str:
-        return f"{self.operation}/{self.partition_by or 'unpartitioned'}/{'seq' if self.sequence else 'noseq'}"
+        return f"{self.operation}/{self.partition_by or 'unpartitioned'}/{'seq' if self.sequence else 'noseq'}/v{self.format_version}"
 
 
 def spark_schema(config: Config) -> T.StructType:
@@ -290,6 +291,8 @@ class Harness:
             raw["sequence_column"] = "seq"
         if config.partition_by:
             raw["partition_by"] = config.partition_by
+        if config.format_version != 3:
+            raw["format_version"] = str(config.format_version)
         self.options = parse_options(raw)
         self.schema = spark_schema(config)
 

@@ -1,24 +1,32 @@
-"""Turn a commit's pending row positions into deletion vectors, merged with the base's.
+"""Turn a commit's pending row positions into delete files, merged with the base's.
 
 Tasks report the positions they hide per data file; several tasks may hide rows of one
-file, and the file may already have a live DV in the base the commit lands on (its own or
+file, and the file may already have live deletes in the base the commit lands on (its own or
 another writer's). The spec allows at most one DV per data file, so each attempt merges
-the pending positions with the file's live DV *in that attempt's base* and writes all of
-the merged DVs into one Puffin file; the carry-over step then removes the replaced DVs.
+the pending positions with the file's live deletes *in that attempt's base* and writes all of
+the merged DVs into one Puffin file; the carry-over step then removes the replaced ones.
+
+Format version 2 has no DVs: there the merged positions of each data file go into one
+file-scoped position-delete Parquet file (Java's default granularity), which replaces the
+file's earlier one the same way, so a v2 data file also has at most one live delete file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, ManifestEntry
 from pyiceberg.typedef import Record
 from pyroaring import BitMap64
 
-from lakesink_datasource.iceberg.data_files import dv_data_file
-from lakesink_datasource.iceberg.live_files import read_deletion_vector
+from lakesink_datasource.iceberg.data_files import dv_data_file, position_delete_data_file
+from lakesink_datasource.iceberg.live_files import read_hidden_positions
+from lakesink_datasource.iceberg.manifests import DELETE_FILE_PATH_ID, DELETE_POS_ID
 from lakesink_datasource.iceberg.puffin import PuffinWriter
 
 
@@ -52,7 +60,7 @@ def write_deletion_vectors(
         positions = BitMap64(pending[path].positions)
         old = live_dvs.get(path)
         if old is not None:
-            positions |= read_deletion_vector(io, old.data_file)
+            positions |= read_hidden_positions(io, old.data_file)
         writer.add_deletion_vector(path, positions)
         merged.append((path, pending[path]))
     data = writer.finish(created_by=created_by)
@@ -72,3 +80,39 @@ def write_deletion_vectors(
         for (path, deletes), ref in zip(merged, writer.refs)
     ]
     return WrittenDeletionVectors(files, location)
+
+
+# The position-delete file schema (spec: "Position Delete Files"), with its reserved ids.
+POSITION_DELETE_SCHEMA = pa.schema([
+    pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": str(DELETE_FILE_PATH_ID).encode()}),
+    pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": str(DELETE_POS_ID).encode()}),
+])
+
+
+def write_position_delete_files(
+    io: FileIO,
+    location_for: Callable[[int], str],
+    pending: Mapping[str, PendingDeletes],
+    live_deletes: Mapping[str, ManifestEntry],
+    compression: str,
+) -> list[DataFile]:
+    """v2: one position-delete file per data file (`location_for(n)` names the n-th), its
+    positions merged with the file's live delete file in the base, rows sorted by position
+    (the spec's order: file_path, then pos; one file_path per file)."""
+    files = []
+    for n, path in enumerate(sorted(pending)):
+        positions = BitMap64(pending[path].positions)
+        old = live_deletes.get(path)
+        if old is not None:
+            positions |= read_hidden_positions(io, old.data_file)
+        pos = np.fromiter(positions, dtype=np.int64, count=len(positions))
+        rows = pa.table([pa.array([path] * len(pos), pa.string()), pa.array(pos)], schema=POSITION_DELETE_SCHEMA)
+        location = location_for(n)
+        with io.new_output(location).create(overwrite=True) as out:
+            pq.write_table(rows, out, compression=compression)
+        size = len(io.new_input(location))
+        files.append(position_delete_data_file(
+            path=location, size=size, data_file=path, spec_id=pending[path].spec_id,
+            partition=pending[path].partition, count=len(pos),
+        ))
+    return files

@@ -35,7 +35,7 @@ from lakesink_datasource.iceberg.history import snapshots_after
 from lakesink_datasource.iceberg.live_files import (
     data_entries_changed_by,
     live_data_files,
-    live_deletion_vectors,
+    live_position_deletes,
     without_hidden_rows,
 )
 from lakesink_datasource.iceberg.manifests import data_file_first_row_id
@@ -165,7 +165,7 @@ class _Targets:
     some row has to be) by key."""
 
     def __init__(self, io: FileIO, base: TableMetadata, entries: list[ManifestEntry], key_columns: tuple[str, ...]):
-        dvs = live_deletion_vectors(io, base.current_snapshot())
+        dvs = live_position_deletes(io, base.current_snapshot())
         self._paths = [e.data_file.file_path for e in entries]
         self._key_columns = list(key_columns)
         ids, files, positions, self._key_tables = [], [], [], []

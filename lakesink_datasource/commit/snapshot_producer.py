@@ -30,7 +30,7 @@ from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntry, Manifes
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 
-from lakesink_datasource.commit.deletion_vectors import PendingDeletes, write_deletion_vectors
+from lakesink_datasource.commit.deletion_vectors import PendingDeletes, write_deletion_vectors, write_position_delete_files
 from lakesink_datasource.commit.manifest_merge import merge_manifests
 from lakesink_datasource.commit.rebase import Rebased, rebase_onto_compactions
 from lakesink_datasource.commit.validation import (
@@ -38,9 +38,9 @@ from lakesink_datasource.commit.validation import (
     validate_no_concurrent_key_changes,
     validate_rewritten_files_unchanged,
 )
-from lakesink_datasource.iceberg.live_files import live_deletion_vectors
+from lakesink_datasource.iceberg.live_files import live_position_deletes
 from lakesink_datasource.iceberg.manifest_list import ManifestListWriter, read_manifest_list
-from lakesink_datasource.iceberg.manifests import read_entries, referenced_data_file, write_manifest
+from lakesink_datasource.iceberg.manifests import deleted_data_file, read_entries, write_manifest
 from lakesink_datasource.iceberg.properties import TableSettings
 from lakesink_datasource.iceberg.summary import ChangeCounts, build_summary
 from lakesink_datasource.iceberg.summary_keys import MOVED_DELETES
@@ -96,7 +96,7 @@ class _Attempt:
     """What one produce() call built against its base, for the summary and the log."""
 
     counts: ChangeCounts = field(default_factory=ChangeCounts)
-    deletion_vectors: list[DataFile] = field(default_factory=list)
+    deletion_vectors: list[DataFile] = field(default_factory=list)  # DVs, or v2 position-delete files
     rebased: Rebased | None = None  # the delta's deletes as they apply to this base
 
 
@@ -179,19 +179,26 @@ class SnapshotProducer:
         pending = state.rebased.pending if state.rebased is not None else self._delta.position_deletes
         if not pending:
             return []
-        location = f"{self._data_dir}/{self._commit_uuid}-{self._attempt}-deletes.puffin"
-        self._written[self._attempt].append(location)
-        written = write_deletion_vectors(
-            self._io, location, pending, live_deletion_vectors(self._io, base.current_snapshot()), f"lakesink {__version__}"
-        )
-        state.deletion_vectors = written.files
-        return self._write_manifests(base, ManifestContent.DELETES, written.files)
+        live = live_position_deletes(self._io, base.current_snapshot())
+        if base.format_version < 3:
+            def location_for(n: int) -> str:
+                location = f"{self._data_dir}/{self._commit_uuid}-{self._attempt}-{n:05d}-deletes.parquet"
+                self._written[self._attempt].append(location)
+                return location
+
+            files = write_position_delete_files(self._io, location_for, pending, live, self._settings.parquet_compression)
+        else:
+            location = f"{self._data_dir}/{self._commit_uuid}-{self._attempt}-deletes.puffin"
+            self._written[self._attempt].append(location)
+            files = write_deletion_vectors(self._io, location, pending, live, f"lakesink {__version__}").files
+        state.deletion_vectors = files
+        return self._write_manifests(base, ManifestContent.DELETES, files)
 
     # -- step 3: carry-over ---------------------------------------------------------------
 
     def _replaced_dv_targets(self, added_dvs: list[DataFile]) -> set[str]:
         """Data files whose live DV this commit replaces: every file it adds a DV for."""
-        return {p for p in (referenced_data_file(f) for f in added_dvs) if p is not None}
+        return {p for p in (deleted_data_file(f) for f in added_dvs) if p is not None}
 
     def _carry_over(
         self, base: TableMetadata, counts: ChangeCounts, replaced_dvs: Set[str], removed_files: Set[str]
@@ -214,9 +221,9 @@ class SnapshotProducer:
                 continue
             if manifest.content == ManifestContent.DELETES and replaced_dvs:
                 live = read_entries(self._io, manifest)
-                removed = [e for e in live if referenced_data_file(e.data_file) in replaced_dvs]
+                removed = [e for e in live if deleted_data_file(e.data_file) in replaced_dvs]
                 if removed:
-                    others = [e for e in live if referenced_data_file(e.data_file) not in replaced_dvs]
+                    others = [e for e in live if deleted_data_file(e.data_file) not in replaced_dvs]
                     kept.append(self._rewrite(base, manifest, others, removed, counts))
                     continue
             if manifest.content == ManifestContent.DATA and removed_files:

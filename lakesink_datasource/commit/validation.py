@@ -19,7 +19,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation
 
 from lakesink_datasource.iceberg.history import snapshots_after
-from lakesink_datasource.iceberg.live_files import data_entries_changed_by, live_data_files, live_deletion_vectors
+from lakesink_datasource.iceberg.live_files import data_entries_changed_by, live_data_files, live_position_deletes
 from lakesink_datasource.iceberg.manifests import content_offset
 from lakesink_datasource.index.key_encoding import encode_keys, key_hashes
 
@@ -74,7 +74,7 @@ def validate_rewritten_files_unchanged(
     gone = sorted(set(rewritten) - live)
     if gone:
         raise ConflictError(f"data file {gone[0]} (and {len(gone) - 1} more) to be rewritten was removed concurrently")
-    dvs = live_deletion_vectors(io, snapshot)
+    dvs = live_position_deletes(io, snapshot)
     for path, read_with in rewritten.items():
         entry = dvs.get(path)
         now = None if entry is None else (entry.data_file.file_path, content_offset(entry.data_file))

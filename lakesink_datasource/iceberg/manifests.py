@@ -70,6 +70,26 @@ def is_deletion_vector(data_file: DataFile) -> bool:
     return data_file.content == DataFileContent.POSITION_DELETES and data_file.file_format == FileFormat.PUFFIN
 
 
+# The reserved columns of a position-delete file (Parquet field ids).
+DELETE_FILE_PATH_ID = 2147483546
+DELETE_POS_ID = 2147483545
+
+
+def deleted_data_file(data_file: DataFile) -> str | None:
+    """The one data file a position-delete file hides rows of: a DV's `referenced_data_file`;
+    for a v2 position-delete file, that field or, as Java's writers mark a "file-scoped"
+    delete file, equal lower and upper bounds on `file_path`. None: not a position-delete
+    file, or one that covers several data files."""
+    if data_file.content != DataFileContent.POSITION_DELETES:
+        return None
+    referenced = referenced_data_file(data_file)
+    if referenced is not None or is_deletion_vector(data_file):
+        return referenced
+    lower = (data_file.lower_bounds or {}).get(DELETE_FILE_PATH_ID)
+    upper = (data_file.upper_bounds or {}).get(DELETE_FILE_PATH_ID)
+    return lower.decode() if lower is not None and lower == upper else None
+
+
 def manifest_first_row_id(manifest: ManifestFile) -> int | None:
     return manifest._data[MF_FIRST_ROW_ID] if len(manifest._data) > MF_FIRST_ROW_ID else None
 

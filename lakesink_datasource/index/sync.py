@@ -38,7 +38,7 @@ from lakesink_datasource.iceberg.history import ancestors, snapshots_after
 from lakesink_datasource.iceberg.live_files import (
     data_entries_changed_by,
     live_data_files,
-    live_deletion_vectors,
+    live_position_deletes,
     without_hidden_rows,
 )
 from lakesink_datasource.iceberg.partition_key import encode_partition
@@ -91,7 +91,7 @@ def index_files(
 ) -> int:
     """Index every live row of `files` ((data file, data sequence number) pairs), oldest
     data first so a newer row of a key wins; positions hidden by a live DV are skipped."""
-    dvs = live_deletion_vectors(io, metadata.current_snapshot())
+    dvs = live_position_deletes(io, metadata.current_snapshot())
     schema = metadata.schema()
     indexed = 0
     for data_file, _seq in sorted(files, key=lambda fs: fs[1]):

@@ -30,7 +30,7 @@ from lakesink_datasource.commit.swap import PreparedCommit, swap_in
 from lakesink_datasource.commit.validation import ConflictError
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg import summary_keys as keys
-from lakesink_datasource.iceberg.live_files import live_data_files, live_deletion_vectors
+from lakesink_datasource.iceberg.live_files import live_data_files, live_position_deletes
 from lakesink_datasource.iceberg.manifests import content_offset
 from lakesink_datasource.iceberg.partition_key import encode_partition
 from lakesink_datasource.iceberg.properties import TableSettings
@@ -70,7 +70,7 @@ def plan_for(
     spec = metadata.spec()
     schema = metadata.schema()
     settings = TableSettings.of_table(metadata)
-    dvs = live_deletion_vectors(table.io, snapshot)
+    dvs = live_position_deletes(table.io, snapshot)
     inputs: dict[str, RewriteInput] = {}
     stats: list[FileStats] = []
     for entry in live_data_files(table.io, snapshot):

@@ -76,14 +76,6 @@ def _find(struct: StructType, name: str) -> str | None:
     return next((f.name for f in struct.fields if f.name.lower() == name.lower()), None)
 
 
-# Keyed writes hide rows with deletion vectors, which only format v3 has; v2 would need
-# position-delete files, which lakesink does not write yet (issue 8).
-_KEYED_NEEDS_V3 = (
-    "keyed operations (upsert, cdc, dedupe) need Iceberg format version 3 (deletion vectors), but {what}; "
-    "write keyed data to a v3 table (the default), or upgrade the table to v3"
-)
-
-
 def _check_keyed_options(options: WriteOptions, spark_schema: StructType, overwrite: bool) -> None:
     """Keyed option checks that need no table (so they run before one is created)."""
     keyed = options.operation in KEYED_OPERATIONS
@@ -92,8 +84,6 @@ def _check_keyed_options(options: WriteOptions, spark_schema: StructType, overwr
             if getattr(options, name) is not None:
                 raise OptionError(f"option '{name}' only applies to keyed operations (upsert, cdc, dedupe)")
         return
-    if options.format_version < 3:
-        raise OptionError(_KEYED_NEEDS_V3.format(what=f"option 'format_version' = {options.format_version}"))
     if overwrite:
         raise OptionError(
             f"option 'operation' = {options.operation!r} needs append: overwrite (and complete output mode) "
@@ -174,8 +164,6 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
         TableSettings.of({**table.metadata.properties, **options.table_properties}, table.metadata.location)
     except PropertyError as exc:
         raise OptionError(f"{exc} (table {options.table}); fix it with property.{exc.name}=...") from None
-    if options.operation in KEYED_OPERATIONS and table.metadata.format_version < 3:
-        raise OptionError(_KEYED_NEEDS_V3.format(what=f"table {options.table} is format version {table.metadata.format_version}"))
     keyed = _plan_keys(options, spark_schema, table)
     sources = column_mapping(spark_schema, table.schema(), ignore=(options.op_column,) if options.op_column else ())
     current = table.metadata.current_snapshot()

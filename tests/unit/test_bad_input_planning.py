@@ -60,14 +60,3 @@ def test_case_duplicates_are_refused_on_an_existing_table_too(warehouse: str) ->
     assert load(warehouse, "db.t").metadata_location == before
 
 
-def test_keyed_writes_to_format_version_2_are_refused_before_anything_is_written(warehouse: str) -> None:
-    """v2 has no deletion vectors; keyed writes would leave tables most engines cannot read."""
-    keyed = {"table": "db.t", "warehouse": warehouse, "operation": "upsert", "primary_key": "id"}
-    with pytest.raises(OptionError, match="need Iceberg format version 3"):
-        plan_write(parse_options({**keyed, "format_version": "2"}), ID_V, overwrite=False)
-    assert not table_exists(warehouse, "db.t")
-    plan_write(parse_options({"table": "db.t", "warehouse": warehouse, "format_version": "2"}), ID_V, overwrite=False)
-    before = load(warehouse, "db.t").metadata_location
-    with pytest.raises(OptionError, match=r"table db\.t is format version 2"):
-        plan_write(parse_options(keyed), ID_V, overwrite=False)
-    assert load(warehouse, "db.t").metadata_location == before

@@ -21,7 +21,7 @@ from pyspark.sql import types as T
 
 from lakesink_datasource.check import check_table, main
 from lakesink_datasource.commit.committer import commit_write
-from lakesink_datasource.iceberg.live_files import live_deletion_vectors
+from lakesink_datasource.iceberg.live_files import live_position_deletes
 from lakesink_datasource.iceberg.manifests import content_offset, content_size_in_bytes
 from lakesink_datasource.iceberg.puffin import DVBlobRef
 from lakesink_datasource.messages import PositionDeletesMessage, TaskResult, decode_messages
@@ -52,7 +52,7 @@ def _table_with_dv(warehouse: str) -> tuple[Path, DVBlobRef]:
     )
     assert commit_write(plan, [delete], None).snapshot_id is not None
     table = embedded_catalog(warehouse).load_table(IDENT)
-    (dv,) = live_deletion_vectors(table.io, table.metadata.current_snapshot()).values()
+    (dv,) = live_position_deletes(table.io, table.metadata.current_snapshot()).values()
     ref = DVBlobRef(target.path, content_offset(dv.data_file), content_size_in_bytes(dv.data_file), dv.data_file.record_count)
     assert ref.cardinality == 2
     return Path(dv.data_file.file_path.removeprefix("file://")), ref

@@ -33,7 +33,7 @@ from lakesink_datasource.commit.committer import CommitError
 from lakesink_datasource.commit.data_files import data_file
 from lakesink_datasource.commit.snapshot_producer import new_snapshot_id
 from lakesink_datasource.iceberg.compat import v3_metadata_writes
-from lakesink_datasource.iceberg.live_files import live_data_files, live_deletion_vectors, read_deletion_vector
+from lakesink_datasource.iceberg.live_files import live_data_files, live_position_deletes, read_hidden_positions
 from lakesink_datasource.iceberg.manifest_list import ManifestListWriter, read_manifest_list
 from lakesink_datasource.iceberg.manifests import read_entries, referenced_data_file, write_manifest
 from lakesink_datasource.iceberg.partition_key import encode_partition
@@ -187,7 +187,7 @@ def compact(harness: Harness, choose: Callable[[int], bool]) -> int:
     chosen = [e for i, e in enumerate(entries) if choose(i)]
     if not chosen:
         return 0
-    dvs = live_deletion_vectors(io, parent)
+    dvs = live_position_deletes(io, parent)
     schema = metadata.schema()
     arrow_schema = table_arrow_schema(schema)
     snapshot_id = new_snapshot_id()
@@ -208,7 +208,7 @@ def compact(harness: Harness, choose: Callable[[int], bool]) -> int:
                 rows = pq.read_table(stream)
             dv = dvs.get(e.data_file.file_path)
             if dv is not None:
-                deleted = np.fromiter(read_deletion_vector(io, dv.data_file), dtype=np.int64)
+                deleted = np.fromiter(read_hidden_positions(io, dv.data_file), dtype=np.int64)
                 rows = rows.filter(pa.array(~np.isin(np.arange(rows.num_rows), deleted)))
             parts.append(rows.select(arrow_schema.names).cast(arrow_schema))
         rows = pa.concat_tables(parts)

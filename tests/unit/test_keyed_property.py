@@ -63,6 +63,17 @@ def test_keyed_writes_match_the_model(operation: str, sequence: bool, data: st.D
     run_against_model(Config(operation, partition_by, sequence), batches)
 
 
+@pytest.mark.parametrize(("operation", "sequence"), [("cdc", True), ("upsert", False)], ids=["cdc-seq", "upsert-noseq"])
+@SETTINGS
+@given(data=st.data())
+def test_keyed_writes_to_format_version_2_match_the_model(operation: str, sequence: bool, data: st.DataObject) -> None:
+    """v2 hides rows with position-delete files (one per data file, merged as DVs are):
+    DuckDB and pyiceberg read the model's rows after every batch."""
+    partition_by = data.draw(PARTITIONS, label="partition_by")
+    batches = data.draw(micro_batches(operation, sequence), label="batches")
+    run_against_model(Config(operation, partition_by, sequence, format_version=2), batches)
+
+
 @SETTINGS
 @given(batches=micro_batches("cdc", True))
 def test_cdc_with_sequence_moves_keys_between_day_partitions(batches: list) -> None:

@@ -25,7 +25,7 @@ import pytest
 from keyed_model import IDENT as KEYED_IDENT
 from keyed_model import Change, Config, Harness, Model, label_batches
 from lakesink_testing import assert_readers_see, duckdb_connection, expected_rows, load
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent
 from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 from pyspark.sql import types as T
@@ -34,9 +34,9 @@ from lakesink_datasource.check import check_table
 from lakesink_datasource.commit.committer import CommitOutcome, commit_write
 from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
 from lakesink_datasource.commit.swap import PreparedCommit, swap_in
-from lakesink_datasource.iceberg.live_files import live_data_files, live_deletion_vectors
+from lakesink_datasource.iceberg.live_files import live_data_files, live_entries, live_position_deletes
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
-from lakesink_datasource.iceberg.manifests import content_offset
+from lakesink_datasource.iceberg.manifests import content_offset, deleted_data_file
 from lakesink_datasource.iceberg.summary_keys import MOVED_DELETES
 from lakesink_datasource.index.key_index import open_index
 from lakesink_datasource.maintain import main as maintain_main
@@ -115,7 +115,7 @@ def test_compaction_keeps_rows_and_their_lineage_and_removes_the_dvs(warehouse: 
     before = load(warehouse, IDENT)
     lineage = _lineage(before)
     files_before = len(live_data_files(before.io, before.current_snapshot()))
-    assert live_deletion_vectors(before.io, before.current_snapshot())  # the history left DVs
+    assert live_position_deletes(before.io, before.current_snapshot())  # the history left DVs
 
     result = compact(before, budget_bytes=UNLIMITED, tiered=False)
 
@@ -124,7 +124,7 @@ def test_compaction_keeps_rows_and_their_lineage_and_removes_the_dvs(warehouse: 
     assert after.metadata.current_snapshot().summary.operation.value == "replace"  # type: ignore[union-attr]
     files_after = live_data_files(after.io, after.current_snapshot())
     assert len(files_after) == 2 < files_before  # one per bucket
-    assert live_deletion_vectors(after.io, after.current_snapshot()) == {}
+    assert live_position_deletes(after.io, after.current_snapshot()) == {}
     assert _lineage(after) == lineage  # every row keeps its id and last-updated sequence
     assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
     assert check_table(after) == []
@@ -262,7 +262,7 @@ def _rewrite_without_lineage(warehouse: str) -> None:
         first_row_id=None, referenced_data_file=None, content_offset=None, content_size_in_bytes=None,
     )
     added.spec_id = 0
-    dvs = live_deletion_vectors(table.io, snapshot)
+    dvs = live_position_deletes(table.io, snapshot)
     rewritten = {
         e.data_file.file_path: (dvs[e.data_file.file_path].data_file.file_path, content_offset(dvs[e.data_file.file_path].data_file))
         if e.data_file.file_path in dvs else None
@@ -330,6 +330,41 @@ def test_a_rewrite_without_row_lineage_during_a_keyed_batch_gets_the_deletes_mov
     live.update({r["id"]: r for r in _rows([1, 5, 21], "next-")})
     assert not [r for r in caplog.records if "rebuilt key index" in r.getMessage()]
     assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
+
+
+def test_format_version_2_keyed_writes_keep_one_position_delete_file_per_data_file_and_compact(warehouse: str) -> None:
+    """v2 has no DVs: rows are hidden by file-scoped position-delete files (Parquet), merged
+    and replaced like DVs; a compaction in flight moves the batch's deletes by key (v2 has
+    no row lineage); compaction leaves no delete file behind."""
+    keyed = _keyed(warehouse, format_version="2")
+    live = {}
+    for b in range(5):
+        ids = range(b * 2, b * 2 + 10)  # each batch hides rows of the last two batches' files
+        _write(warehouse, ids, tag=f"b{b}-", batch=b, **keyed)
+        live.update({r["id"]: r for r in _rows(ids, f"b{b}-")})
+    table = load(warehouse, IDENT)
+    assert table.metadata.format_version == 2
+    deletes = [e.data_file for e in live_entries(table.io, table.current_snapshot(), ManifestContent.DELETES)]
+    assert deletes and all(f.file_format == FileFormat.PARQUET for f in deletes)
+    targets = [deleted_data_file(f) for f in deletes]
+    assert None not in targets and len(set(targets)) == len(targets)  # file-scoped, one per data file
+    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
+    assert check_table(table) == []
+
+    ids = [0, 3, 9, 13, 20]
+    plan, message = _plan_and_write(warehouse, ids, tag="late-", batch=10, **keyed)
+    _compact_in_another_process(warehouse)
+    commit_write(plan, decode_messages([message]), 10)
+    live.update({r["id"]: r for r in _rows(ids, "late-")})
+    table = load(warehouse, IDENT)
+    assert table.metadata.current_snapshot().summary.additional_properties[MOVED_DELETES] == "0,4,0"  # type: ignore[union-attr]
+    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
+
+    compact(table, budget_bytes=UNLIMITED, tiered=False)
+    table = load(warehouse, IDENT)
+    assert live_entries(table.io, table.current_snapshot(), ManifestContent.DELETES) == []
+    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
+    assert check_table(table) == []
 
 
 # --- orphans and the maintain tool --------------------------------------------------------------
