@@ -27,7 +27,7 @@ from lakesink_datasource.commit.committer import abort_write, commit_write
 from lakesink_datasource.maintenance.after_batch import maintain_after_commit
 from lakesink_datasource.maintenance.tombstone_storing import store_tombstones_safely
 from lakesink_datasource.messages import decode_messages
-from lakesink_datasource.options import parse_options
+from lakesink_datasource.options import OptionError, parse_options
 from lakesink_datasource.progress import report_batch
 from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.table.setup import plan_write
@@ -59,7 +59,13 @@ class LakeSinkDataSource(DataSource):
         return LakeSinkBatchWriter(plan_write(parse_options(self.options), schema, overwrite))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> LakeSinkStreamWriter:
-        return LakeSinkStreamWriter(plan_write(parse_options(self.options), schema, overwrite))
+        options = parse_options(self.options)
+        if options.txn_app_id is not None:
+            raise OptionError(
+                "options 'txn_app_id' and 'txn_version' apply to batch writes (for example inside foreachBatch, "
+                "with the batch id as txn_version); a streaming query's batches are already exactly once"
+            )
+        return LakeSinkStreamWriter(plan_write(options, schema, overwrite))
 
 
 def _commit(plan: WritePlan, messages: list[WriterCommitMessage | None], batch_id: int | None) -> None:

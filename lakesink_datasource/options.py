@@ -35,10 +35,14 @@ class WriteOptions(msgspec.Struct, frozen=True, kw_only=True):
     catalog_properties: dict[str, str] = {}
     partition_by: str | None = None
     target_file_size_bytes: int | None = None  # None: the table's write.target-file-size-bytes
-    format_version: int = 3
+    format_version: int | None = None  # of a table lakesink creates (None: 3); checked against an existing one
     table_properties: dict[str, str] = {}  # from property.<key> options
     maintenance: str = "auto"
     progress: bool = True  # one line per committed batch on the driver's stderr
+    # Idempotent batch writes (Delta's txnAppId / txnVersion): a write whose version is not
+    # above the last one committed for its app id is skipped.
+    txn_app_id: str | None = None
+    txn_version: int | None = None
     operation: str = "append"
     primary_key: tuple[str, ...] | None = None
     op_column: str | None = None
@@ -66,9 +70,11 @@ _SIMPLE = {
     "index_dir",
     "maintenance",
     "progress",
+    "txn_app_id",
+    "txn_version",
 }
 # Spark passes the save()/start() argument as `path`; it means the table name.
-_ALIASES = {"path": "table"}
+_ALIASES = {"path": "table", "txnappid": "txn_app_id", "txnversion": "txn_version"}  # Delta's names
 # Options Spark itself consumes and still forwards to the data source.
 _SPARK_OWNED = {"checkpointlocation", "queryname"}
 
@@ -185,6 +191,16 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
         kwargs["target_file_size_bytes"] = _int_option("target_file_size_bytes", values["target_file_size_bytes"])
     if "progress" in values:
         kwargs["progress"] = _bool_option("progress", values["progress"])
+    app_id, version = values.get("txn_app_id", "").strip(), values.get("txn_version")
+    if bool(app_id) != (version is not None):
+        given, missing = ("txn_app_id", "txn_version") if app_id else ("txn_version", "txn_app_id")
+        raise OptionError(
+            f"option '{given}' needs '{missing}' too: together they make a batch write idempotent "
+            "(a write whose txn_version is not above the last one committed for its txn_app_id is skipped)"
+        )
+    if app_id:
+        kwargs["txn_app_id"] = app_id
+        kwargs["txn_version"] = _int_option("txn_version", str(version), minimum=0)
     if "format_version" in values:
         kwargs["format_version"] = _int_option("format_version", values["format_version"], allowed=(2, 3))
     if "primary_key" in values:

@@ -37,6 +37,7 @@ from lakesink_datasource.iceberg.expiry import snapshots_to_expire
 from lakesink_datasource.iceberg.partition_key import decode_partition
 from lakesink_datasource.iceberg.properties import TableSettings
 from lakesink_datasource.messages import TaskResult, TaskStats
+from lakesink_datasource.options import WriteOptions
 from lakesink_datasource.table import idempotency
 from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.version import __version__
@@ -67,7 +68,9 @@ def _sum_stats(results: list[TaskResult]) -> TaskStats:
     return TaskStats(**{f: sum(getattr(r.stats, f) for r in results) for f in fields})
 
 
-def _extra_summary(write_id: str, query_id: str | None, batch_id: int | None, stats: TaskStats) -> dict[str, str]:
+def _extra_summary(
+    write_id: str, query_id: str | None, batch_id: int | None, stats: TaskStats, options: WriteOptions
+) -> dict[str, str]:
     extra = {
         keys.ENGINE_NAME: "spark",
         keys.ENGINE_VERSION: pyspark.__version__,
@@ -84,6 +87,9 @@ def _extra_summary(write_id: str, query_id: str | None, batch_id: int | None, st
     if query_id is not None and batch_id is not None:
         extra[keys.QUERY_ID] = query_id
         extra[keys.EPOCH_ID] = str(batch_id)
+    if options.txn_app_id is not None:
+        extra[keys.TXN_APP_ID] = options.txn_app_id
+        extra[keys.TXN_VERSION] = str(options.txn_version)
     return extra
 
 
@@ -153,6 +159,8 @@ def _pending_properties(plan: WritePlan, base: TableMetadata, query_id: str | No
     wanted = dict(plan.options.table_properties)
     if query_id is not None and batch_id is not None:
         wanted[idempotency.last_epoch_property(query_id)] = str(batch_id)
+    if plan.options.txn_app_id is not None:
+        wanted[idempotency.last_txn_property(plan.options.txn_app_id)] = str(plan.options.txn_version)
     return {k: v for k, v in wanted.items() if base.properties.get(k) != v}
 
 
@@ -195,6 +203,9 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
     if idempotency.is_epoch_committed(table.metadata, query_id, batch_id):
         log.info("lakesink: batch %s of query %s is already in the table; skipped", batch_id, query_id)
         return CommitOutcome(None, "already committed", 0, stats)
+    txn = plan.options.txn_app_id, plan.options.txn_version
+    if idempotency.is_txn_committed(table.metadata, *txn):
+        return CommitOutcome(None, f"txn_version {txn[1]} of txn_app_id {txn[0]!r} is already in the table", 0, stats)
     if any(r.skipped for r in results):
         raise CommitError(
             f"tasks of batch {batch_id} saw it committed in metadata {results[0].planned_metadata_location}, "
@@ -219,7 +230,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
         return CommitOutcome(None, "nothing to commit", 0, stats)
 
     producer = SnapshotProducer(table.io, metadata, delta)
-    extra = _extra_summary(min(write_ids), query_id, batch_id, stats)
+    extra = _extra_summary(min(write_ids), query_id, batch_id, stats, plan.options)
     hosts = sorted({r.host for r in results if r.host})
     if hosts:
         extra[keys.HOSTS] = ",".join(hosts)
@@ -242,7 +253,9 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
         except CommitFailedException as exc:
             log.info("lakesink: commit attempt %d lost a race (%s); retrying on the new table state", attempt_number + 1, exc)
             table = catalog.load_table(plan.identifier)
-            if idempotency.is_epoch_committed(table.metadata, query_id, batch_id) or any(
+            if idempotency.is_epoch_committed(table.metadata, query_id, batch_id) or idempotency.is_txn_committed(
+                table.metadata, *txn
+            ) or any(
                 idempotency.is_write_committed(table.metadata, w, planned_snapshot_id) for w in write_ids
             ):
                 producer.cleanup(committed_attempt=None)

@@ -6,6 +6,12 @@ and sets the table property `lakesink.last-epoch.<query id>` in the same commit.
 batch finds its epoch there and is not applied twice. The property survives snapshot expiry
 (the summary does not) and costs one lookup however long the history; the summaries are
 still walked for tables written before the property existed.
+
+Batch writes get the same promise with options `txn_app_id` + `txn_version` (Delta's
+`txnAppId` / `txnVersion`): the commit records both in its summary and sets
+`lakesink.last-txn-version.<app id>`; a write whose version is not above the recorded one is
+skipped, whether it is a `foreachBatch` call repeated by a retried micro-batch or a job
+rerun after a crash.
 """
 
 from __future__ import annotations
@@ -13,9 +19,28 @@ from __future__ import annotations
 from pyiceberg.table.metadata import TableMetadata
 
 from lakesink_datasource.iceberg.history import ancestors, snapshots_after
-from lakesink_datasource.iceberg.summary_keys import EPOCH_ID, QUERY_ID, WRITE_ID
+from lakesink_datasource.iceberg.summary_keys import EPOCH_ID, QUERY_ID, TXN_APP_ID, TXN_VERSION, WRITE_ID
 
 LAST_EPOCH_PREFIX = "lakesink.last-epoch."
+LAST_TXN_PREFIX = "lakesink.last-txn-version."
+
+
+def last_txn_property(app_id: str) -> str:
+    return f"{LAST_TXN_PREFIX}{app_id}"
+
+
+def is_txn_committed(metadata: TableMetadata, app_id: str | None, version: int | None) -> bool:
+    """Is a write of `app_id` with `version` or a later one already in the table?"""
+    if app_id is None or version is None:
+        return False
+    recorded = metadata.properties.get(last_txn_property(app_id))
+    if recorded is None:
+        recorded = next(
+            (s.summary.additional_properties[TXN_VERSION] for s in ancestors(metadata)
+             if s.summary and s.summary.additional_properties.get(TXN_APP_ID) == app_id),
+            None,
+        )
+    return recorded is not None and version <= int(recorded)
 
 
 def last_epoch_property(query_id: str) -> str:

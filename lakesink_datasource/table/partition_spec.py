@@ -115,3 +115,28 @@ def parse_partition_spec(text: str | None, schema: Schema) -> PartitionSpec:
         names.add(name)
         fields.append(PartitionField(source.field_id, _FIRST_PARTITION_FIELD_ID + offset, transform, name))
     return PartitionSpec(*fields)
+
+
+def describe_spec(spec: PartitionSpec, schema: Schema) -> str:
+    """`spec` in the `partition_by` syntax ("days(ts), bucket(4, id)"; "unpartitioned")."""
+    terms = []
+    for f in spec.fields:
+        column = schema.find_column_name(f.source_id) or f"field {f.source_id}"
+        t = f.transform
+        if isinstance(t, IdentityTransform):
+            terms.append(column)
+        elif isinstance(t, BucketTransform):
+            terms.append(f"bucket({t.num_buckets}, {column})")
+        elif isinstance(t, TruncateTransform):
+            terms.append(f"truncate({t.width}, {column})")
+        elif isinstance(t, (YearTransform, MonthTransform, DayTransform, HourTransform)):
+            terms.append(f"{t!s}s({column})")
+        else:
+            terms.append(f"{t}({column})")
+    return ", ".join(terms) or "unpartitioned"
+
+
+def same_layout(a: PartitionSpec, b: PartitionSpec) -> bool:
+    """Do two specs partition rows alike (same sources and transforms, in order)? Names and
+    field ids do not matter."""
+    return [(f.source_id, str(f.transform)) for f in a.fields] == [(f.source_id, str(f.transform)) for f in b.fields]

@@ -20,7 +20,7 @@ from lakesink_datasource.iceberg.compat import v3_metadata_writes
 from lakesink_datasource.iceberg.properties import CREATE_DEFAULTS, FORMAT_VERSION, PropertyError, TableSettings
 from lakesink_datasource.options import KEYED_OPERATIONS, OptionError, WriteOptions
 from lakesink_datasource.schema.spark_types import SchemaError, check_dataframe_columns, column_mapping, spark_to_iceberg_schema
-from lakesink_datasource.table.partition_spec import parse_partition_spec
+from lakesink_datasource.table.partition_spec import describe_spec, parse_partition_spec, same_layout
 from lakesink_datasource.table.plan import KeyedPlan, WritePlan
 
 
@@ -56,7 +56,7 @@ def create_table(catalog: Catalog, options: WriteOptions, spark_schema: StructTy
                 properties={
                     **CREATE_DEFAULTS,
                     **options.table_properties,
-                    FORMAT_VERSION: str(options.format_version),
+                    FORMAT_VERSION: str(options.format_version or 3),
                 },
             )
     except TableAlreadyExistsError:
@@ -74,6 +74,24 @@ def resolve_table(options: WriteOptions, spark_schema: StructType, *, create: bo
 
 def _find(struct: StructType, name: str) -> str | None:
     return next((f.name for f in struct.fields if f.name.lower() == name.lower()), None)
+
+
+def _check_layout_matches(options: WriteOptions, table: Table) -> None:
+    """`partition_by` and `format_version` describe the table a write creates; on an existing
+    table they must agree with it rather than be silently ignored."""
+    if options.partition_by is not None:
+        wanted = parse_partition_spec(options.partition_by, table.schema())
+        if not same_layout(wanted, table.spec()):
+            raise OptionError(
+                f"option 'partition_by' = {options.partition_by!r} differs from the partitioning of table {options.table} "
+                f"({describe_spec(table.spec(), table.schema())}); leave the option out to write with the table's own "
+                "partitioning (lakesink cannot change an existing table's partition spec yet)"
+            )
+    if options.format_version is not None and options.format_version != table.metadata.format_version:
+        raise OptionError(
+            f"option 'format_version' = {options.format_version} differs from table {options.table}, which is format "
+            f"version {table.metadata.format_version}; leave the option out (it applies when lakesink creates a table)"
+        )
 
 
 def _check_keyed_options(options: WriteOptions, spark_schema: StructType, overwrite: bool) -> None:
@@ -151,7 +169,11 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
     _check_keyed_options(options, spark_schema, overwrite)
     probe = spark_to_iceberg_schema(_stored_columns(options, spark_schema), options.primary_key or ())
     parse_partition_spec(options.partition_by, probe)
-    table = resolve_table(options, spark_schema)
+    table = resolve_table(options, spark_schema, create=False)
+    if table is not None:
+        _check_layout_matches(options, table)
+    else:
+        table = resolve_table(options, spark_schema)
     assert table is not None
     if table.metadata.format_version < 2:
         raise OptionError(

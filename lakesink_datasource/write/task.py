@@ -124,8 +124,10 @@ def write_task(
             )
         )
 
-    if idempotency.is_epoch_committed(metadata, who.query_id, who.batch_id):
-        # A replay of a batch whose commit reached the table: write nothing.
+    if idempotency.is_epoch_committed(metadata, who.query_id, who.batch_id) or idempotency.is_txn_committed(
+        metadata, plan.options.txn_app_id, plan.options.txn_version
+    ):
+        # A replay of a batch (or txn version) whose commit reached the table: write nothing.
         for _ in batches:
             pass
         return result(skipped=True)

@@ -93,3 +93,37 @@ def test_a_stream_compacts_its_small_files_between_batches(spark, tmp_path: Path
     assert len(list(off.scan().plan_files())) == 6
     assert len(list(auto.scan().plan_files())) < 4
     assert check_table(auto) == []
+
+
+def test_foreach_batch_writing_every_batch_twice_leaves_each_row_once(spark, tmp_path: Path, warehouse: str) -> None:
+    """What a retried foreachBatch does: the batch function runs again for the same batch id.
+    With txn_app_id + txn_version (the batch id) the second write is skipped."""
+    source, checkpoint = tmp_path / "source", tmp_path / "checkpoint"
+    written: list[dict] = []
+    for batch in range(3):
+        records = make_rows(batch * 30, 30)
+        write_source_file(source, batch, records)
+        written += records
+
+    def twice(df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
+        for _ in range(2):
+            (df.write.format("lakesink").option("table", "db.fb").option("warehouse", warehouse)
+             .option("txn_app_id", "orders-etl").option("txn_version", str(batch_id)).mode("append").save())
+
+    stream = spark.readStream.schema("id long, name string, amount double, ts timestamp").option("maxFilesPerTrigger", 1).parquet(str(source))
+    query = stream.writeStream.foreachBatch(twice).option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+    query.awaitTermination()
+    assert query.exception() is None
+    assert_readers_see(warehouse, "db.fb", expected_rows(written, ["id", "name", "ts"]), ["id", "name", "ts"])
+    assert len(load(warehouse, "db.fb").metadata.snapshots) == 3  # one per batch, none for the repeats
+
+
+def test_txn_options_on_a_streaming_write_are_refused_before_a_table_is_created(spark, tmp_path: Path, warehouse: str) -> None:
+    write_source_file(tmp_path / "source", 0, make_rows(0, 3))
+    stream = spark.readStream.schema("id long, name string, amount double, ts timestamp").parquet(str(tmp_path / "source"))
+    with pytest.raises(Exception, match="apply to batch writes"):
+        query = (stream.writeStream.format("lakesink").option("table", "db.s").option("warehouse", warehouse)
+                 .option("txn_app_id", "x").option("txn_version", "1")
+                 .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
+        query.awaitTermination()
+    assert not Path(warehouse, "db", "s").exists()

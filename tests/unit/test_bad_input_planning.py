@@ -60,3 +60,18 @@ def test_case_duplicates_are_refused_on_an_existing_table_too(warehouse: str) ->
     assert load(warehouse, "db.t").metadata_location == before
 
 
+
+
+def test_partition_by_or_format_version_that_differ_from_an_existing_table_are_refused(warehouse: str) -> None:
+    base = {"table": "db.t", "warehouse": warehouse}
+    plan_write(parse_options({**base, "partition_by": "bucket(4, id)", "format_version": "2"}), ID_V, overwrite=False)
+    before = load(warehouse, "db.t").metadata_location
+    with pytest.raises(OptionError, match=r"'partition_by' = 'v' differs from the partitioning of table db\.t") as caught:
+        plan_write(parse_options({**base, "partition_by": "v"}), ID_V, overwrite=False)
+    assert "(bucket(4, id))" in str(caught.value) and "leave the option out" in str(caught.value)
+    with pytest.raises(OptionError, match=r"'format_version' = 3 differs from table db\.t, which is format version 2"):
+        plan_write(parse_options({**base, "format_version": "3"}), ID_V, overwrite=False)
+    assert load(warehouse, "db.t").metadata_location == before
+    # The same spec (any spelling) and no spec at all are fine.
+    plan_write(parse_options({**base, "partition_by": "BUCKET(4, ID)", "format_version": "2"}), ID_V, overwrite=False)
+    plan_write(parse_options(base), ID_V, overwrite=False)
