@@ -53,6 +53,37 @@ def load(config: CatalogConfig) -> Catalog:
             if config.name == EMBEDDED_CATALOG_NAME and config.properties.get("type") == "sql":
                 warehouse = config.properties["warehouse"].removeprefix("file://")
                 os.makedirs(warehouse, exist_ok=True)
-            catalog = load_catalog(config.name, **config.properties)
+            try:
+                catalog = load_catalog(config.name, **config.properties)
+            except ValueError as exc:
+                raise CatalogError(f"{describe(config)} is not configured: {_hint(config)} (pyiceberg said: {exc})") from exc
+            except OSError as exc:  # requests' ConnectionError and Timeout are OSErrors
+                raise CatalogError(unreachable(config, exc)) from exc
             _cache[key] = catalog
         return catalog
+
+
+class CatalogError(RuntimeError):
+    """The catalog a write names cannot be configured or reached."""
+
+
+def describe(config: CatalogConfig) -> str:
+    uri = config.properties.get("uri")
+    return f"catalog {config.name!r}" + (f" at {uri}" if uri else "")
+
+
+def _hint(config: CatalogConfig) -> str:
+    if config.name == EMBEDDED_CATALOG_NAME:
+        return "check option 'warehouse'"
+    return (
+        "give lakesink options 'catalog.uri' (and 'catalog.type', e.g. rest or sql, plus credentials as "
+        f"catalog.<property>), or configure catalog {config.name!r} in ~/.pyiceberg.yaml or "
+        f"PYICEBERG_CATALOG__{config.name.upper()}__URI"
+    )
+
+
+def unreachable(config: CatalogConfig, exc: BaseException) -> str:
+    return (
+        f"cannot reach {describe(config)}: {type(exc).__name__}: {exc}; check option 'catalog.uri' and that the "
+        "catalog service is up and reachable from the Spark driver and executors"
+    )

@@ -11,6 +11,8 @@ import pyarrow as pa
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 
+from lakesink_datasource.schema.spark_types import SchemaError
+
 
 def _small(dt: pa.DataType) -> pa.DataType:
     if pa.types.is_large_string(dt):
@@ -50,6 +52,13 @@ class BatchAligner:
                 columns.append(pa.nulls(n, field.type))
                 continue
             column = batch.column(source)
+            if not field.nullable and column.null_count:
+                # Arrow would say "declared non-nullable but contains nulls": name the column
+                # and the way out instead.
+                raise SchemaError(
+                    f"column '{field.name}' is required (NOT NULL) in the table, but {column.null_count} row(s) of "
+                    f"this batch hold null in it; drop or fill them first, e.g. df.na.drop(subset=['{source}'])"
+                )
             if not column.type.equals(field.type):
                 column = column.cast(field.type)
             columns.append(column)

@@ -65,10 +65,19 @@ def create_table(catalog: Catalog, options: WriteOptions, spark_schema: StructTy
 
 
 def resolve_table(options: WriteOptions, spark_schema: StructType, *, create: bool = True) -> Table | None:
-    catalog = loader.load(loader.catalog_config(options))
-    table = load_table(catalog, options.table)
-    if table is None and create:
-        table = create_table(catalog, options, spark_schema)
+    config = loader.catalog_config(options)
+    catalog = loader.load(config)
+    try:
+        table = load_table(catalog, options.table)
+        if table is None and create:
+            table = create_table(catalog, options, spark_schema)
+    except OSError as exc:  # a REST catalog that stopped answering, a file permission, ...
+        if isinstance(exc, PermissionError):
+            raise loader.CatalogError(
+                f"permission denied on {exc.filename or 'a table file'} for table {options.table}: {exc.strerror}; the "
+                "Spark driver and executors need read and write access to the warehouse"
+            ) from exc
+        raise loader.CatalogError(loader.unreachable(config, exc)) from exc
     return table
 
 

@@ -85,3 +85,14 @@ def test_type_we_cannot_store_is_named(spark, warehouse: str, existing_table: st
         df.write.format("lakesink").option("warehouse", warehouse).mode("append").save("db.other")
     assert not table_exists(warehouse, "db.other")
     assert current_snapshot_id(warehouse, existing_table) == before
+
+
+def test_nulls_in_a_required_column_are_named_with_the_way_out(spark, warehouse: str) -> None:
+    keyed = {"warehouse": warehouse, "operation": "upsert", "primary_key": "id"}
+    spark.createDataFrame([(1, "a")], "id long, name string").write.format("lakesink").options(**keyed).mode("append").save("db.req")
+    before = current_snapshot_id(warehouse, "db.req")
+    with_null = spark.createDataFrame([(2, "b"), (None, "c")], "id long, name string")
+    with pytest.raises(Exception, match=r"column 'id' is required \(NOT NULL\) in the table, but 1 row\(s\) of this batch hold null") as caught:
+        with_null.write.format("lakesink").option("warehouse", warehouse).mode("append").save("db.req")
+    assert "df.na.drop(subset=['id'])" in str(caught.value)
+    assert current_snapshot_id(warehouse, "db.req") == before

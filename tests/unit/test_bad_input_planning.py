@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 from lakesink_testing import load, table_exists
 from pyspark.sql import types as T
 
+from lakesink_datasource.catalog.loader import CatalogError
 from lakesink_datasource.options import OptionError, parse_options
 from lakesink_datasource.schema.spark_types import SchemaError
 from lakesink_datasource.table.setup import plan_write
@@ -75,3 +78,15 @@ def test_partition_by_or_format_version_that_differ_from_an_existing_table_are_r
     # The same spec (any spelling) and no spec at all are fine.
     plan_write(parse_options({**base, "partition_by": "BUCKET(4, ID)", "format_version": "2"}), ID_V, overwrite=False)
     plan_write(parse_options(base), ID_V, overwrite=False)
+
+
+def test_an_unconfigured_or_unreachable_catalog_is_named_with_lakesink_options(warehouse: str) -> None:
+    base = {"table": "db.t", "catalog": "prod"}
+    with pytest.raises(CatalogError, match=r"catalog 'prod' is not configured: give lakesink options 'catalog.uri'"):
+        plan_write(parse_options(base), ID_V, overwrite=False)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rest = {**base, "catalog.type": "rest", "catalog.uri": f"http://127.0.0.1:{port}"}
+    with pytest.raises(CatalogError, match=rf"cannot reach catalog 'prod' at http://127.0.0.1:{port}: ConnectionError.*check option 'catalog.uri'"):
+        plan_write(parse_options(rest), ID_V, overwrite=False)
