@@ -9,7 +9,7 @@ from lakesink_datasource.version import __version__
 
 _compat.check_version()  # fail at import, not at the first commit, on an unvetted pyiceberg
 
-__all__ = ["LakeSinkDataSource", "__version__"]
+__all__ = ["LakeSinkDataSource", "__version__", "cluster_by_partition"]
 
 
 def __getattr__(name: str) -> Any:
@@ -18,4 +18,8 @@ def __getattr__(name: str) -> Any:
         from lakesink_datasource.datasource import LakeSinkDataSource
 
         return LakeSinkDataSource
+    if name == "cluster_by_partition":
+        from lakesink_datasource.clustering import cluster_by_partition
+
+        return cluster_by_partition
     raise AttributeError(name)

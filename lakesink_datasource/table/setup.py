@@ -11,6 +11,8 @@ import uuid
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, FloatType, PrimitiveType
 from pyspark.sql.types import StructType
@@ -211,3 +213,17 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
         planned_snapshot_id=current.snapshot_id if current else None,
         keyed=keyed,
     )
+
+
+def write_layout(options: WriteOptions, spark_schema: StructType) -> tuple[Schema, PartitionSpec, list[str | None]]:
+    """The table schema and partition spec a write of `spark_schema` with `options` goes to
+    (the existing table's, else the ones it would be created with), and for each table column
+    the DataFrame column that feeds it. Creates nothing."""
+    table = resolve_table(options, spark_schema, create=False)
+    if table is not None:
+        schema, spec = table.schema(), table.spec()
+    else:
+        schema = spark_to_iceberg_schema(_stored_columns(options, spark_schema), options.primary_key or ())
+        spec = parse_partition_spec(options.partition_by, schema)
+    sources = column_mapping(spark_schema, schema, ignore=(options.op_column,) if options.op_column else ())
+    return schema, spec, sources

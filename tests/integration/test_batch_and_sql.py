@@ -133,3 +133,29 @@ def test_spark_rejects_errorifexists_and_ignore_before_lakesink_runs(spark, ware
             df.write.format("lakesink").option("warehouse", warehouse).mode(mode).save("db.modes")
     assert load(warehouse, "db.modes").metadata.current_snapshot().snapshot_id == before
     assert rows(load(warehouse, "db.modes").scan().to_arrow(), ["id"]) == expected_rows([{"id": 1}], ["id"])
+
+
+def test_cluster_by_partition_writes_one_file_per_partition(spark, warehouse: str) -> None:
+    from lakesink_datasource import cluster_by_partition
+    from lakesink_datasource.iceberg.live_files import live_data_files
+
+    rows = [(i, f"v{i}") for i in range(400)]
+    options = {"warehouse": warehouse, "partition_by": "bucket(4, id)", "maintenance": "off"}  # no compaction after the write
+
+    def files_of(table: str) -> int:
+        t = load(warehouse, table)
+        return len(live_data_files(t.io, t.current_snapshot()))
+
+    spread = spark.createDataFrame(rows, "id long, v string").repartition(4)  # every task meets every bucket
+    spread.write.format("lakesink").options(**options).mode("append").save("db.plain")
+    clustered = cluster_by_partition(spread, "db.clustered", **options)  # the table does not exist yet
+    clustered.write.format("lakesink").options(**options).mode("append").save("db.clustered")
+
+    assert files_of("db.plain") == 16
+    assert files_of("db.clustered") == 4
+    for table in ("db.plain", "db.clustered"):
+        assert_readers_see(warehouse, table, expected_rows([{"id": i, "v": v} for i, v in rows], ["id", "v"]), ["id", "v"])
+    # On an existing table the spec comes from the table.
+    again = cluster_by_partition(spark.createDataFrame(rows[:40], "id long, v string").repartition(4), "db.clustered", warehouse=warehouse)
+    again.write.format("lakesink").option("warehouse", warehouse).option("maintenance", "off").mode("append").save("db.clustered")
+    assert files_of("db.clustered") == 8
