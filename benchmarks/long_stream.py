@@ -20,6 +20,7 @@ long_stream.png (per-batch latency over time) to `--out` (default benchmarks/).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import statistics
 import threading
@@ -51,6 +52,8 @@ class _Progress:
         with self._lock:
             self._by_query.setdefault(query_id, {})[batch_id] = {
                 "batch": batch_id, "add_batch_ms": durations.get("addBatch", 0), "trigger_ms": durations.get("triggerExecution", 0),
+                # Spark's other phases of the trigger (planning, offsets, WAL), to tell them from the sink's.
+                "spark_other_ms": sum(v for k, v in durations.items() if k not in ("addBatch", "triggerExecution")),
             }
             self._lock.notify_all()
 
@@ -94,12 +97,39 @@ def _listen(spark: Any) -> _Progress:
     return progress
 
 
+_COMMITTED = re.compile(
+    r"committed snapshot \d+ .*batch=(\d+) .*partition_s=([\d.]+) index_s=([\d.]+) write_s=([\d.]+) commit_s=([\d.]+)"
+)
+_COMPACTED = re.compile(r"compaction after batch (\d+): .* in ([\d.]+) s")
+
+
+def _phases(log_path: Path) -> dict[int, dict[str, float]]:
+    """Per batch, from the sink's own INFO lines (benchmarks/_worker_hooks): the driver's commit
+    seconds, the after-commit compaction seconds, and the tasks' seconds (summed over tasks)."""
+    out: dict[int, dict[str, float]] = {}
+    if not log_path.exists():
+        return out
+    for line in log_path.read_text().splitlines():
+        m = _COMMITTED.search(line)
+        if m:
+            batch = int(m.group(1))
+            out.setdefault(batch, {}).update(
+                tasks_s=float(m.group(2)) + float(m.group(3)) + float(m.group(4)), index_s=float(m.group(3)), commit_s=float(m.group(5))
+            )
+            continue
+        m = _COMPACTED.search(line)
+        if m:
+            out.setdefault(int(m.group(1)), {})["compaction_s"] = float(m.group(2))
+    return out
+
+
 def _run_side(
-    spark: Any, progress: _Progress, root: Path, batches: int, rows_per_batch: int, maintenance: str
+    spark: Any, progress: _Progress, root: Path, batches: int, rows_per_batch: int, maintenance: str, phase_log: Path
 ) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     shutil.rmtree(root, ignore_errors=True)
+    phase_log.unlink(missing_ok=True)  # this side's lines only
     source = (
         spark.readStream.format("rate-micro-batch")
         .option("rowsPerBatch", rows_per_batch)
@@ -136,6 +166,9 @@ def _run_side(
         query.stop()
     elapsed = time.monotonic() - started
     per_batch = progress.batches(query.id)[:batches]
+    phases = _phases(phase_log)
+    for b in per_batch:
+        b.update(phases.get(b["batch"], {}))
     return {"maintenance": maintenance, "batches": per_batch, "seconds": round(elapsed, 1), **_inspect(root)}
 
 
@@ -189,11 +222,21 @@ def _scan_ratio(spark: Any, side: dict[str, Any], root: Path) -> dict[str, Any]:
 
 
 def _latency_summary(side: dict[str, Any]) -> dict[str, Any]:
-    ms = [b["add_batch_ms"] for b in side["batches"]]
+    batches = side["batches"]
+    ms = [b["add_batch_ms"] for b in batches]
     tenth = max(1, len(ms) // 10)
     first, last = statistics.median(ms[:tenth]), statistics.median(ms[-tenth:])
-    return {"first_10pct_ms": first, "last_10pct_ms": last, "latency_ratio": round(last / first, 3) if first else None,
-            "median_ms": statistics.median(ms)}
+    out = {"first_10pct_ms": first, "last_10pct_ms": last, "latency_ratio": round(last / first, 3) if first else None,
+           "median_ms": statistics.median(ms)}
+    # Where a batch's time goes, first and last 10%: the driver's commit, the compaction after
+    # it, the tasks (summed), and what addBatch holds besides (Spark, planning, task start-up).
+    for key in ("commit_s", "compaction_s", "tasks_s"):
+        for name, part in (("first", batches[:tenth]), ("last", batches[-tenth:])):
+            out[f"{key.removesuffix('_s')}_{name}_ms"] = round(statistics.median(1000 * b.get(key, 0.0) for b in part), 1)
+    for name, part in (("first", batches[:tenth]), ("last", batches[-tenth:])):
+        rest = [b["add_batch_ms"] - 1000 * (b.get("commit_s", 0.0) + b.get("compaction_s", 0.0)) for b in part]
+        out[f"rest_{name}_ms"] = round(statistics.median(rest), 1)
+    return out
 
 
 def _plot(sides: list[dict[str, Any]], path: Path) -> None:
@@ -242,6 +285,10 @@ def _markdown(result: dict[str, Any]) -> str:
     rows = [
         ("addBatch median, first 10% (ms)", "first_10pct_ms", ""),
         ("addBatch median, last 10% (ms)", "last_10pct_ms", ""),
+        ("  driver commit, first / last 10% (ms)", "commit_first_ms/commit_last_ms", ""),
+        ("  compaction after it, first / last 10% (ms)", "compaction_first_ms/compaction_last_ms", ""),
+        ("  tasks (summed), first / last 10% (ms)", "tasks_first_ms/tasks_last_ms", ""),
+        ("  addBatch minus commit and compaction, first / last 10% (ms)", "rest_first_ms/rest_last_ms", ""),
         ("last / first", "latency_ratio", f"<= {TARGET_LATENCY_RATIO} (auto)"),
         ("wall time (s)", "seconds", ""),
         ("metadata.json (bytes)", "metadata_json_bytes", f"< {TARGET_METADATA_JSON_BYTES:,} (auto)"),
@@ -257,7 +304,10 @@ def _markdown(result: dict[str, Any]) -> str:
         ("scan / compacted copy", "scan_ratio", f"<= {TARGET_SCAN_RATIO} (auto)"),
     ]
     for label, key, target in rows:
-        lines.append(f"| {label} | {_fmt(auto.get(key))} | {_fmt(off.get(key))} | {target} |")
+        def value(side: dict[str, Any], key: str = key) -> str:
+            return " / ".join(_fmt(side.get(k)) for k in key.split("/"))
+
+        lines.append(f"| {label} | {value(auto)} | {value(off)} | {target} |")
     lines += ["", "![per-batch latency](long_stream.png)", ""]
     lines += [f"- {n}" for n in result.get("notes", [])]
     return "\n".join(lines) + "\n"
@@ -274,7 +324,7 @@ def run(batches: int, rows_per_batch: int, workdir: Path, out: Path, which: tupl
     try:
         for maintenance in which:
             log(f"long stream, maintenance={maintenance}: {batches} batches of {rows_per_batch} rows")
-            side = _run_side(spark, progress, workdir / maintenance, batches, rows_per_batch, maintenance)
+            side = _run_side(spark, progress, workdir / maintenance, batches, rows_per_batch, maintenance, workdir / "phases.log")
             side |= _latency_summary(side) | _scan_ratio(spark, side, workdir / maintenance)
             sides[maintenance] = side
             log(f"  done: latency ratio {side['latency_ratio']}, metadata.json {side['metadata_json_bytes']:,} B, "

@@ -11,6 +11,7 @@ kept as the shuffle key.
 
 from __future__ import annotations
 
+import importlib.util
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -34,6 +35,10 @@ def cluster_by_partition(df: Any, table: str, num_partitions: int | None = None,
     streaming DataFrames too."""
     from pyspark.sql.types import LongType, StructField, StructType
 
+    if importlib.util.find_spec("pandas") is None:  # PySpark's mapInArrow refuses to run without it
+        raise ImportError(
+            "cluster_by_partition needs pandas (PySpark's mapInArrow requires it): pip install 'lakesink-datasource[cluster]'"
+        )
     schema, spec, sources = write_layout(parse_options({"table": table, **options}), df.schema)
     if spec.is_unpartitioned():
         return df

@@ -33,7 +33,8 @@ def describe_batch(table: str, batch_id: int | None, outcome: CommitOutcome, com
     line = (
         f"{what}: {s.rows_in:,} rows in, {s.rows_written:,} written, {outcome.rows_hidden:,} old rows hidden{deleted}"
         f" | {outcome.data_files} files, {outcome.deletion_vectors} DVs, {_size(s.bytes_written)}"
-        f" | commit {outcome.seconds:.2f} s | snapshot {outcome.snapshot_id}"
+        f" | tasks {s.partition_seconds + s.index_seconds + s.write_seconds:.2f} s, commit {outcome.seconds:.2f} s"
+        f" | snapshot {outcome.snapshot_id}"
     )
     if outcome.expired_snapshots:
         line += f" | expired {outcome.expired_snapshots} snapshots"
