@@ -40,9 +40,10 @@ def table_arrow_schema(schema: Schema) -> pa.Schema:
 class BatchAligner:
     """Turns one Spark Arrow batch into a Table of the table's Arrow schema."""
 
-    def __init__(self, target: pa.Schema, sources: list[str | None]):
+    def __init__(self, target: pa.Schema, sources: list[str | None], keys: tuple[str, ...] = ()):
         self._target = target
         self._sources = sources
+        self._keys = {k.lower() for k in keys}  # null keys get the keyed path's own error
 
     def align(self, batch: pa.RecordBatch) -> pa.Table:
         n = batch.num_rows
@@ -52,7 +53,7 @@ class BatchAligner:
                 columns.append(pa.nulls(n, field.type))
                 continue
             column = batch.column(source)
-            if not field.nullable and column.null_count:
+            if not field.nullable and column.null_count and field.name.lower() not in self._keys:
                 # Arrow would say "declared non-nullable but contains nulls": name the column
                 # and the way out instead.
                 raise SchemaError(

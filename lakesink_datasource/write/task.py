@@ -135,7 +135,7 @@ def write_task(
     schema = metadata.schema()
     spec = metadata.spec()
     arrow_schema = table_arrow_schema(schema)
-    aligner = BatchAligner(arrow_schema, plan.column_sources)
+    aligner = BatchAligner(arrow_schema, plan.column_sources, plan.keyed.table_key_columns if plan.keyed is not None else ())
     splitter = PartitionSplitter(spec, schema)
     io = metadata_cache.file_io(plan.io_properties, plan.metadata_location)
     # Data files get small stream buffers: a task may hold many files open (see rolling_writer).
