@@ -23,7 +23,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus
 from pyiceberg.table.metadata import TableMetadata
@@ -39,7 +38,7 @@ from lakesink_datasource.iceberg.live_files import (
     without_hidden_rows,
 )
 from lakesink_datasource.iceberg.manifests import data_file_first_row_id
-from lakesink_datasource.iceberg.row_lineage import UNKNOWN_ROW_ID, row_ids
+from lakesink_datasource.iceberg.row_lineage import UNKNOWN_ROW_ID, read_with_row_ids, row_ids
 from lakesink_datasource.index.key_encoding import encode_keys
 
 
@@ -146,8 +145,7 @@ def _read_sources(
         positions = np.fromiter(pending[path].positions, dtype=np.int64)
         columns = list(key_columns)
         try:
-            with io.new_input(path).open() as stream:
-                table = pq.read_table(stream)
+            table = read_with_row_ids(io, path, columns)
         except FileNotFoundError:
             return None
         first = first_ids.get(path, data_file_first_row_id(removed_entry))
@@ -170,8 +168,7 @@ class _Targets:
         self._key_columns = list(key_columns)
         ids, files, positions, self._key_tables = [], [], [], []
         for n, entry in enumerate(entries):
-            with io.new_input(entry.data_file.file_path).open() as stream:
-                table = pq.read_table(stream)
+            table = read_with_row_ids(io, entry.data_file.file_path, self._key_columns)
             table_live, live_positions = without_hidden_rows(io, table, dvs.get(entry.data_file.file_path))
             ids.append(row_ids(table, live_positions, data_file_first_row_id(entry.data_file)))
             files.append(np.full(len(live_positions), n, dtype=np.int64))

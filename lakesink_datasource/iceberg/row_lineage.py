@@ -8,9 +8,13 @@ reserved field ids, whatever they are named in a file.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO
 
 ROW_ID_FIELD_ID = 2147483540
 LAST_UPDATED_FIELD_ID = 2147483539
@@ -40,3 +44,16 @@ def row_ids(table: pa.Table, positions: np.ndarray, first_row_id: int | None) ->
     stored = table.column(column).take(pa.array(positions)).cast(pa.int64())
     fallback = pa.array(inherited) if inherited is not None else pa.array(np.full(len(positions), UNKNOWN_ROW_ID, dtype=np.int64))
     return np.asarray(pc.coalesce(stored, fallback).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def read_with_row_ids(io: FileIO, path: str, columns: Sequence[str]) -> pa.Table:
+    """The `columns` of a data file plus its stored `_row_id` column, if it has one (found by
+    field id), and nothing else: enough for `row_ids` without reading the whole file."""
+    with io.new_input(path).open() as stream:
+        parquet = pq.ParquetFile(stream)
+        schema = parquet.schema_arrow
+        wanted = list(columns)
+        stored = field_ids(schema).get(ROW_ID_FIELD_ID)
+        if stored is not None and schema.names[stored] not in wanted:
+            wanted.append(schema.names[stored])
+        return parquet.read(columns=wanted)
