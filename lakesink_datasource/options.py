@@ -37,6 +37,7 @@ class WriteOptions(msgspec.Struct, frozen=True, kw_only=True):
     target_file_size_bytes: int | None = None  # None: the table's write.target-file-size-bytes
     format_version: int | None = None  # of a table lakesink creates (None: 3); checked against an existing one
     table_properties: dict[str, str] = {}  # from property.<key> options
+    snapshot_properties: dict[str, str] = {}  # from snapshot_property.<key>: into each commit's summary
     maintenance: str = "auto"
     progress: bool = True  # one line per committed batch on the driver's stderr
     # Idempotent batch writes (Delta's txnAppId / txnVersion): a write whose version is not
@@ -73,6 +74,12 @@ _SIMPLE = {
     "txn_app_id",
     "txn_version",
 }
+# Summary keys a commit computes itself (Iceberg's counters and totals, the operation).
+_RESERVED_SUMMARY_KEYS = {
+    "operation", "engine-name", "engine-version", "lakesink-version", "changed-partition-count",
+    *(f"{kind}-{what}" for kind in ("added", "removed", "deleted", "total")
+      for what in ("data-files", "records", "files-size", "delete-files", "position-deletes", "equality-deletes", "dvs")),
+}
 # Spark passes the save()/start() argument as `path`; it means the table name.
 _ALIASES = {"path": "table", "txnappid": "txn_app_id", "txnversion": "txn_version"}  # Delta's names
 # Options Spark itself consumes and still forwards to the data source.
@@ -80,7 +87,7 @@ _SPARK_OWNED = {"checkpointlocation", "queryname"}
 
 
 def _valid_names() -> str:
-    return ", ".join(sorted(_SIMPLE | {"catalog.<property>", "property.<table property>"}))
+    return ", ".join(sorted(_SIMPLE | {"catalog.<property>", "property.<table property>", "snapshot_property.<key>"}))
 
 
 def _did_you_mean(name: str) -> str:
@@ -125,6 +132,7 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
     values: dict[str, str] = {}
     catalog_properties: dict[str, str] = {}
     table_properties: dict[str, str] = {}
+    snapshot_properties: dict[str, str] = {}
     for key, value in raw.items():
         name = key.lower()
         if name.startswith("catalog."):
@@ -140,6 +148,17 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
             if not prop:
                 raise OptionError("option 'property.' needs a table property name, e.g. 'property.write.target-file-size-bytes'")
             table_properties[prop] = value
+            continue
+        if name.startswith("snapshot_property."):
+            prop = name[len("snapshot_property.") :]
+            if not prop:
+                raise OptionError("option 'snapshot_property.' needs a key, e.g. 'snapshot_property.source-offset'")
+            if prop in _RESERVED_SUMMARY_KEYS or prop.startswith("lakesink.") or prop.startswith("spark.sql.streaming."):
+                raise OptionError(
+                    f"option 'snapshot_property.{prop}': {prop!r} is a summary key Iceberg or lakesink sets itself; "
+                    "choose another key"
+                )
+            snapshot_properties[prop] = value
             continue
         if name in _SPARK_OWNED:
             continue
@@ -186,6 +205,7 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
         "operation": operation,
         "maintenance": maintenance,
         "table_properties": table_properties,
+        "snapshot_properties": snapshot_properties,
     }
     if "target_file_size_bytes" in values:
         kwargs["target_file_size_bytes"] = _int_option("target_file_size_bytes", values["target_file_size_bytes"])

@@ -72,6 +72,7 @@ def _extra_summary(
     write_id: str, query_id: str | None, batch_id: int | None, stats: TaskStats, options: WriteOptions
 ) -> dict[str, str]:
     extra = {
+        **options.snapshot_properties,  # the user's first: lakesink's own keys are never overridden
         keys.ENGINE_NAME: "spark",
         keys.ENGINE_VERSION: pyspark.__version__,
         keys.LAKESINK_VERSION: __version__,
