@@ -57,11 +57,7 @@ def write_deletion_vectors(
     writer = PuffinWriter()
     merged: list[tuple[str, PendingDeletes]] = []
     for path in sorted(pending):
-        positions = BitMap64(pending[path].positions)
-        old = live_dvs.get(path)
-        if old is not None:
-            positions |= read_hidden_positions(io, old.data_file)
-        writer.add_deletion_vector(path, positions)
+        writer.add_deletion_vector(path, _merged(io, path, pending, live_dvs))
         merged.append((path, pending[path]))
     data = writer.finish(created_by=created_by)
     with io.new_output(location).create(overwrite=True) as out:
@@ -80,6 +76,16 @@ def write_deletion_vectors(
         for (path, deletes), ref in zip(merged, writer.refs)
     ]
     return WrittenDeletionVectors(files, location)
+
+
+def _merged(io: FileIO, path: str, pending: Mapping[str, PendingDeletes], live: Mapping[str, ManifestEntry]) -> BitMap64:
+    """The positions of data file `path` hidden after this commit: its pending ones and those
+    its live delete file in the base already hides."""
+    positions = BitMap64(pending[path].positions)
+    old = live.get(path)
+    if old is not None:
+        positions |= read_hidden_positions(io, old.data_file)
+    return positions
 
 
 # The position-delete file schema (spec: "Position Delete Files"), with its reserved ids.
@@ -101,10 +107,7 @@ def write_position_delete_files(
     (the spec's order: file_path, then pos; one file_path per file)."""
     files = []
     for n, path in enumerate(sorted(pending)):
-        positions = BitMap64(pending[path].positions)
-        old = live_deletes.get(path)
-        if old is not None:
-            positions |= read_hidden_positions(io, old.data_file)
+        positions = _merged(io, path, pending, live_deletes)
         pos = np.fromiter(positions, dtype=np.int64, count=len(positions))
         rows = pa.table([pa.array([path] * len(pos), pa.string()), pa.array(pos)], schema=POSITION_DELETE_SCHEMA)
         location = location_for(n)

@@ -45,6 +45,9 @@ from lakesink_datasource.index.key_encoding import encode_keys
 @dataclass(frozen=True)
 class Rebased:
     pending: dict[str, PendingDeletes]
+    # Targets of `pending` neither live in the base nor added by the commit: for validation
+    # to refuse (it names the snapshot that removed them).
+    missing: frozenset[str] = frozenset()
     moved_files: int = 0  # rewritten files whose hidden rows were moved
     by_row_id: int = 0  # rows found by `_row_id`
     by_key: int = 0  # rows found by key
@@ -61,25 +64,29 @@ def rebase_onto_compactions(
 ) -> Rebased:
     """`pending` with the positions of files that `replace` snapshots after the planned one
     removed moved onto the files they wrote (see the module docstring)."""
-    live = {e.data_file.file_path: e for e in live_data_files(io, base.current_snapshot())}
-    missing = set(pending) - set(added) - set(live)
+    missing = set(pending) - set(added)
     if not missing:
         return Rebased(dict(pending))
+    live = {e.data_file.file_path: e for e in live_data_files(io, base.current_snapshot())}
+    missing -= set(live)
+    unchanged = Rebased(dict(pending), frozenset(missing))
+    if not missing:
+        return unchanged
     removed, written = _compactions_since(io, base, planned_snapshot_id, missing)
     movable = {path: removed[path] for path in missing if path in removed}
     if not movable:
-        return Rebased(dict(pending))
+        return unchanged
     targets = [live[p] for p in written if p in live]
     sources = _read_sources(io, base, planned_snapshot_id, movable, pending, key_columns)
     if sources is None:
-        return Rebased(dict(pending))
+        return unchanged
     found = _Targets(io, base, targets, key_columns)
     out = {path: p for path, p in pending.items() if path not in movable}
     by_row_id = by_key = gone = 0
     for source in sources:
         placed = found.place(source)
         if placed is None:
-            return Rebased(dict(pending))  # rows that cannot be found: validation refuses
+            return unchanged  # rows that cannot be found: validation refuses
         for target_path, positions, how in placed:
             entry = live[target_path].data_file
             earlier = out.get(target_path)
@@ -93,7 +100,7 @@ def rebase_onto_compactions(
             else:
                 by_key += len(positions)
         gone += source.gone
-    return Rebased(out, len(movable), by_row_id, by_key, gone)
+    return Rebased(out, frozenset(missing - set(movable)), len(movable), by_row_id, by_key, gone)
 
 
 def _compactions_since(

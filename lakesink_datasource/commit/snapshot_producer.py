@@ -157,12 +157,10 @@ class SnapshotProducer:
                 planned_snapshot_id=self._delta.planned_snapshot_id,
                 key_columns=self._delta.key_columns,
             )
+            # The rebase already compared the targets with the base's live files: only those
+            # still missing are left to check (and to name the snapshot that removed them).
             validate_delete_targets_exist(
-                self._io,
-                base,
-                targets=state.rebased.pending,
-                added=(f.file_path for f in self._delta.added_data_files),
-                planned_snapshot_id=self._delta.planned_snapshot_id,
+                self._io, base, targets=state.rebased.missing, added=(), planned_snapshot_id=self._delta.planned_snapshot_id
             )
         if self._delta.rewritten:
             validate_rewritten_files_unchanged(self._io, base, self._delta.rewritten)

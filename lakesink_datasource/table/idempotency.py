@@ -33,14 +33,21 @@ def is_txn_committed(metadata: TableMetadata, app_id: str | None, version: int |
     """Is a write of `app_id` with `version` or a later one already in the table?"""
     if app_id is None or version is None:
         return False
-    recorded = metadata.properties.get(last_txn_property(app_id))
-    if recorded is None:
-        recorded = next(
-            (s.summary.additional_properties[TXN_VERSION] for s in ancestors(metadata)
-             if s.summary and s.summary.additional_properties.get(TXN_APP_ID) == app_id),
-            None,
-        )
-    return recorded is not None and version <= int(recorded)
+    last = _last_recorded(metadata, last_txn_property(app_id), TXN_APP_ID, app_id, TXN_VERSION)
+    return last is not None and version <= last
+
+
+def _last_recorded(metadata: TableMetadata, prop: str, id_key: str, writer: str, value_key: str) -> int | None:
+    """The newest value `writer` recorded: the table property `prop` (kept through expiry),
+    else the newest retained snapshot whose summary has `id_key` = writer and `value_key`."""
+    recorded = metadata.properties.get(prop)
+    if recorded is not None:
+        return int(recorded)
+    for snapshot in ancestors(metadata):
+        props = snapshot.summary.additional_properties if snapshot.summary else {}
+        if props.get(id_key) == writer and value_key in props:
+            return int(props[value_key])
+    return None
 
 
 def last_epoch_property(query_id: str) -> str:
@@ -49,14 +56,7 @@ def last_epoch_property(query_id: str) -> str:
 
 def last_committed_epoch(metadata: TableMetadata, query_id: str) -> int | None:
     """The newest epoch of `query_id` committed to the table, or None."""
-    recorded = metadata.properties.get(last_epoch_property(query_id))
-    if recorded is not None:
-        return int(recorded)
-    for snapshot in ancestors(metadata):
-        props = snapshot.summary.additional_properties if snapshot.summary else {}
-        if props.get(QUERY_ID) == query_id and EPOCH_ID in props:
-            return int(props[EPOCH_ID])
-    return None
+    return _last_recorded(metadata, last_epoch_property(query_id), QUERY_ID, query_id, EPOCH_ID)
 
 
 def is_epoch_committed(metadata: TableMetadata, query_id: str | None, epoch: int | None) -> bool:

@@ -40,9 +40,17 @@ def _stored_columns(options: WriteOptions, spark_schema: StructType) -> StructTy
     return StructType([f for f in spark_schema.fields if f.name.lower() != options.op_column.lower()])
 
 
-def create_table(catalog: Catalog, options: WriteOptions, spark_schema: StructType) -> Table:
+def _new_table_schema(options: WriteOptions, spark_schema: StructType) -> Schema:
     # A keyed table gets its primary key as Iceberg identifier fields (required columns).
-    schema = spark_to_iceberg_schema(_stored_columns(options, spark_schema), options.primary_key or ())
+    return spark_to_iceberg_schema(_stored_columns(options, spark_schema), options.primary_key or ())
+
+
+def _column_sources(options: WriteOptions, spark_schema: StructType, schema: Schema) -> list[str | None]:
+    return column_mapping(spark_schema, schema, ignore=(options.op_column,) if options.op_column else ())
+
+
+def create_table(catalog: Catalog, options: WriteOptions, spark_schema: StructType) -> Table:
+    schema = _new_table_schema(options, spark_schema)
     spec = parse_partition_spec(options.partition_by, schema)
     namespace = options.table.rsplit(".", 1)[0]
     try:
@@ -178,7 +186,7 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
     # creates a table as a side effect.
     check_dataframe_columns(spark_schema)
     _check_keyed_options(options, spark_schema, overwrite)
-    probe = spark_to_iceberg_schema(_stored_columns(options, spark_schema), options.primary_key or ())
+    probe = _new_table_schema(options, spark_schema)
     parse_partition_spec(options.partition_by, probe)
     table = resolve_table(options, spark_schema, create=False)
     if table is not None:
@@ -198,7 +206,7 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
     except PropertyError as exc:
         raise OptionError(f"{exc} (table {options.table}); fix it with property.{exc.name}=...") from None
     keyed = _plan_keys(options, spark_schema, table)
-    sources = column_mapping(spark_schema, table.schema(), ignore=(options.op_column,) if options.op_column else ())
+    sources = _column_sources(options, spark_schema, table.schema())
     current = table.metadata.current_snapshot()
     return WritePlan(
         write_id=uuid.uuid4().hex,
@@ -223,7 +231,7 @@ def write_layout(options: WriteOptions, spark_schema: StructType) -> tuple[Schem
     if table is not None:
         schema, spec = table.schema(), table.spec()
     else:
-        schema = spark_to_iceberg_schema(_stored_columns(options, spark_schema), options.primary_key or ())
+        schema = _new_table_schema(options, spark_schema)
         spec = parse_partition_spec(options.partition_by, schema)
-    sources = column_mapping(spark_schema, schema, ignore=(options.op_column,) if options.op_column else ())
+    sources = _column_sources(options, spark_schema, schema)
     return schema, spec, sources
