@@ -21,6 +21,7 @@ from lakesink_datasource.iceberg.properties import validate as validate_properti
 OPERATIONS = ("append", "upsert", "cdc", "dedupe")
 KEYED_OPERATIONS = ("upsert", "cdc", "dedupe")
 MAINTENANCE_MODES = ("auto", "off")
+OVERWRITE_MODES = ("static", "dynamic")
 DEFAULT_WAREHOUSE = "./lakesink-warehouse"
 
 
@@ -44,6 +45,11 @@ class WriteOptions(msgspec.Struct, frozen=True, kw_only=True):
     # above the last one committed for its app id is skipped.
     txn_app_id: str | None = None
     txn_version: int | None = None
+    branch: str | None = None  # None: main
+    # mode("overwrite"): static replaces the whole table, dynamic only the partitions the
+    # DataFrame writes to; replace_where only the rows matching a filter.
+    overwrite_mode: str = "static"
+    replace_where: str | None = None
     operation: str = "append"
     primary_key: tuple[str, ...] | None = None
     op_column: str | None = None
@@ -73,6 +79,9 @@ _SIMPLE = {
     "progress",
     "txn_app_id",
     "txn_version",
+    "branch",
+    "overwrite_mode",
+    "replace_where",
 }
 # Summary keys a commit computes itself (Iceberg's counters and totals, the operation).
 _RESERVED_SUMMARY_KEYS = {
@@ -81,7 +90,10 @@ _RESERVED_SUMMARY_KEYS = {
       for what in ("data-files", "records", "files-size", "delete-files", "position-deletes", "equality-deletes", "dvs")),
 }
 # Spark passes the save()/start() argument as `path`; it means the table name.
-_ALIASES = {"path": "table", "txnappid": "txn_app_id", "txnversion": "txn_version"}  # Delta's names
+_ALIASES = {  # Delta's and Iceberg's Spark writer's names
+    "path": "table", "txnappid": "txn_app_id", "txnversion": "txn_version", "replacewhere": "replace_where",
+    "partitionoverwritemode": "overwrite_mode",
+}
 # Options Spark itself consumes and still forwards to the data source.
 _SPARK_OWNED = {"checkpointlocation", "queryname"}
 
@@ -189,6 +201,18 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
     maintenance = values.get("maintenance", "auto").strip().lower()
     if maintenance not in MAINTENANCE_MODES:
         raise OptionError(f"option 'maintenance' must be one of {', '.join(MAINTENANCE_MODES)}, got {maintenance!r}")
+    overwrite_mode = values.get("overwrite_mode", "static").strip().lower()
+    if overwrite_mode not in OVERWRITE_MODES:
+        raise OptionError(f"option 'overwrite_mode' must be one of {', '.join(OVERWRITE_MODES)}, got {overwrite_mode!r}")
+    replace_where = values.get("replace_where", "").strip() or None
+    if replace_where is not None and overwrite_mode == "dynamic":
+        raise OptionError(
+            "options 'replace_where' and 'overwrite_mode' = 'dynamic' exclude each other: the first replaces the rows "
+            "matching a filter, the second the partitions the DataFrame writes to; give one"
+        )
+    branch = values.get("branch", "").strip() or None
+    if branch is not None and not branch.isprintable():
+        raise OptionError(f"option 'branch' must be a printable name, got {branch!r}")
     try:
         validate_properties(table_properties)
     except PropertyError as exc:
@@ -206,6 +230,9 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
         "maintenance": maintenance,
         "table_properties": table_properties,
         "snapshot_properties": snapshot_properties,
+        "overwrite_mode": overwrite_mode,
+        "replace_where": replace_where,
+        "branch": None if branch == "main" else branch,
     }
     if "target_file_size_bytes" in values:
         kwargs["target_file_size_bytes"] = _int_option("target_file_size_bytes", values["target_file_size_bytes"])

@@ -24,10 +24,11 @@ from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyroaring import BitMap64
 
-from lakesink_datasource.catalog import loader
+from lakesink_datasource.catalog import loader, sql_commit
 from lakesink_datasource.commit import cleanup
 from lakesink_datasource.commit.data_files import data_file
 from lakesink_datasource.commit.deletion_vectors import PendingDeletes
+from lakesink_datasource.commit.overwrite import OverwriteScope
 from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
 from lakesink_datasource.commit.swap import PreparedCommit, swap_in
 from lakesink_datasource.commit.validation import ConflictError
@@ -165,18 +166,27 @@ def _pending_properties(plan: WritePlan, base: TableMetadata, query_id: str | No
     return {k: v for k, v in wanted.items() if base.properties.get(k) != v}
 
 
+def _overwrite_scope(plan: WritePlan) -> OverwriteScope | None:
+    if not plan.overwrite:
+        return None
+    if plan.options.replace_where is not None:
+        return OverwriteScope("filter", plan.options.replace_where)
+    return OverwriteScope("partitions" if plan.options.overwrite_mode == "dynamic" else "table")
+
+
 def _attempt(
     producer: SnapshotProducer, plan: WritePlan, table: Table, attempt: int, extra: dict[str, str],
     query_id: str | None, batch_id: int | None,
 ) -> PreparedCommit:
     base = table.metadata
     expired: list[int] = []
-    if plan.options.maintenance == "auto":
+    # Expiry follows main: a commit to another branch leaves it to main's next commit.
+    if plan.options.maintenance == "auto" and plan.options.branch is None:
         settings = TableSettings.of({**base.properties, **plan.options.table_properties}, base.location)
         now_ms = int(time.time() * 1000)
         expired = snapshots_to_expire(base, now_ms, settings.max_snapshot_age_ms, settings.min_snapshots_to_keep, adds_head=True)
     snapshot = producer.produce(base, attempt, extra)
-    return PreparedCommit(base, snapshot, _pending_properties(plan, base, query_id, batch_id), expired)
+    return PreparedCommit(base, snapshot, _pending_properties(plan, base, query_id, batch_id), expired, plan.options.branch)
 
 
 def _after_commit(table: Table, before: Table, attempt: PreparedCommit) -> int:
@@ -199,7 +209,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
     planned_snapshot_id = next((r.planned_snapshot_id for r in results), plan.planned_snapshot_id)
     stats = _sum_stats(results)
     catalog = loader.load(plan.catalog)
-    table = catalog.load_table(plan.identifier)
+    table = sql_commit.load_table(catalog, plan.identifier)
 
     if idempotency.is_epoch_committed(table.metadata, query_id, batch_id):
         log.info("lakesink: batch %s of query %s is already in the table; skipped", batch_id, query_id)
@@ -219,7 +229,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
     delta = RowDelta(
         added_data_files=[data_file(m, metadata) for r in results for m in r.data_files],
         position_deletes=_merge_position_deletes(results, metadata),
-        replace_all=plan.overwrite,
+        overwrite=_overwrite_scope(plan),
         planned_snapshot_id=planned_snapshot_id,
         # Sequenced deletes of absent keys change no file, but their tombstones must be
         # recorded (and the index tokens committed) or a later, older change would apply.
@@ -230,7 +240,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
     if delta.is_empty:
         return CommitOutcome(None, "nothing to commit", 0, stats)
 
-    producer = SnapshotProducer(table.io, metadata, delta)
+    producer = SnapshotProducer(table.io, metadata, delta, branch=plan.options.branch)
     extra = _extra_summary(min(write_ids), query_id, batch_id, stats, plan.options)
     hosts = sorted({r.host for r in results if r.host})
     if hosts:
@@ -253,11 +263,11 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
             committed = swap_in(table, attempt)
         except CommitFailedException as exc:
             log.info("lakesink: commit attempt %d lost a race (%s); retrying on the new table state", attempt_number + 1, exc)
-            table = catalog.load_table(plan.identifier)
+            table = sql_commit.load_table(catalog, plan.identifier)
             if idempotency.is_epoch_committed(table.metadata, query_id, batch_id) or idempotency.is_txn_committed(
                 table.metadata, *txn
             ) or any(
-                idempotency.is_write_committed(table.metadata, w, planned_snapshot_id) for w in write_ids
+                idempotency.is_write_committed(table.metadata, w, planned_snapshot_id, plan.options.branch) for w in write_ids
             ):
                 producer.cleanup(committed_attempt=None)
                 return CommitOutcome(None, "committed concurrently", attempt_number + 1, stats)
@@ -299,9 +309,9 @@ def abort_write(plan: WritePlan, results: list[TaskResult], batch_id: int | None
         return []
     query_id = next((r.query_id for r in results if r.query_id is not None), None)
     catalog = loader.load(plan.catalog)
-    table = catalog.load_table(plan.identifier)
+    table = sql_commit.load_table(catalog, plan.identifier)
     if idempotency.is_epoch_committed(table.metadata, query_id, batch_id) or any(
-        idempotency.is_write_committed(table.metadata, r.write_id, r.planned_snapshot_id) for r in results
+        idempotency.is_write_committed(table.metadata, r.write_id, r.planned_snapshot_id, plan.options.branch) for r in results
     ):
         log.warning("lakesink: abort of batch %s ignored: it is already committed", batch_id)
         return []

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping, Set
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,12 +32,14 @@ from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 
 from lakesink_datasource.commit.deletion_vectors import PendingDeletes, write_deletion_vectors, write_position_delete_files
 from lakesink_datasource.commit.manifest_merge import merge_manifests
+from lakesink_datasource.commit.overwrite import OverwriteScope, Replaced, replaced_by
 from lakesink_datasource.commit.rebase import Rebased, rebase_onto_compactions
 from lakesink_datasource.commit.validation import (
     validate_delete_targets_exist,
     validate_no_concurrent_key_changes,
     validate_rewritten_files_unchanged,
 )
+from lakesink_datasource.iceberg.history import branch_head
 from lakesink_datasource.iceberg.live_files import live_position_deletes
 from lakesink_datasource.iceberg.manifest_list import ManifestListWriter, read_manifest_list
 from lakesink_datasource.iceberg.manifests import deleted_data_file, read_entries, write_manifest
@@ -58,12 +60,12 @@ def new_snapshot_id() -> int:
 class RowDelta:
     """What one commit changes: data files added, row positions hidden (turned into DVs
     merged with each file's live DV in the attempt's base), data files removed with their
-    DVs (a compaction: `rewritten`), or, with `replace_all`, every live file removed first
-    (overwrite)."""
+    DVs (a compaction: `rewritten`), or, with `overwrite`, what its scope replaces removed
+    first (`overwrite.py`)."""
 
     added_data_files: list[DataFile] = field(default_factory=list)
     position_deletes: dict[str, PendingDeletes] = field(default_factory=dict)
-    replace_all: bool = False
+    overwrite: OverwriteScope | None = None
     planned_snapshot_id: int | None = None  # the state tasks resolved positions against
     # A snapshot is committed even without file changes when it must record something in
     # its summary (e.g. the tombstones of deletes of absent keys).
@@ -78,11 +80,13 @@ class RowDelta:
 
     @property
     def is_empty(self) -> bool:
-        changes = self.added_data_files or self.position_deletes or self.replace_all or self.rewritten
+        # A dynamic overwrite that writes no rows replaces no partition: it changes nothing.
+        replaces = self.overwrite is not None and (self.overwrite.kind != "partitions" or bool(self.added_data_files))
+        changes = self.added_data_files or self.position_deletes or replaces or self.rewritten
         return not changes and not self.record_only
 
     def operation(self) -> Operation:
-        if self.replace_all:
+        if self.overwrite is not None:
             return Operation.OVERWRITE
         if self.rewritten and not self.position_deletes:
             return Operation.REPLACE
@@ -98,12 +102,14 @@ class _Attempt:
     counts: ChangeCounts = field(default_factory=ChangeCounts)
     deletion_vectors: list[DataFile] = field(default_factory=list)  # DVs, or v2 position-delete files
     rebased: Rebased | None = None  # the delta's deletes as they apply to this base
+    replaced: Replaced | None = None  # what the delta's overwrite replaces in this base
 
 
 class SnapshotProducer:
-    def __init__(self, io: FileIO, metadata: TableMetadata, delta: RowDelta):
+    def __init__(self, io: FileIO, metadata: TableMetadata, delta: RowDelta, branch: str | None = None):
         self._io = io
         self._delta = delta
+        self.branch = branch  # None: main
         self.snapshot_id = new_snapshot_id()
         self._commit_uuid = uuid.uuid4()
         self._settings = settings = TableSettings.of_table(metadata)
@@ -128,14 +134,17 @@ class SnapshotProducer:
         self._attempt = attempt
         self.last = state = _Attempt()
         self.validate(base, state)
+        if self._delta.overwrite is not None:
+            state.replaced = replaced_by(self._io, base, self._parent(base), self._delta.overwrite, self._delta.added_data_files)
         dv_manifests = self._deletes(base, state)
         for f in self._delta.added_data_files + state.deletion_vectors:
             state.counts.add(f, self._partition_path(base, f))
         rebased = state.rebased
         if rebased is not None and rebased.moved_files:
             extra_summary = {**extra_summary, MOVED_DELETES: f"{rebased.by_row_id},{rebased.by_key},{rebased.gone}"}
-        dropped_dvs = self._replaced_dv_targets(state.deletion_vectors) | set(self._delta.rewritten)
-        carried = self._carry_over(base, state.counts, dropped_dvs, set(self._delta.rewritten))
+        removed_files = set(self._delta.rewritten) | (state.replaced.data_files if state.replaced else set())
+        dropped_dvs = self._replaced_dv_targets(state.deletion_vectors) | removed_files
+        carried = self._carry_over(base, state, dropped_dvs, removed_files)
         manifests = merge_manifests(
             self._io,
             self._added_manifests + dv_manifests + carried,
@@ -145,6 +154,9 @@ class SnapshotProducer:
             write_merged=lambda spec_id, content, added, existing, deleted: self._write_merged(base, spec_id, content, added, existing, deleted),
         )
         return self._snapshot(base, attempt, manifests, state.counts, extra_summary)
+
+    def _parent(self, base: TableMetadata) -> Snapshot | None:
+        return branch_head(base, self.branch)
 
     def validate(self, base: TableMetadata, state: _Attempt) -> None:
         """The conflict checks this commit needs against `base` (Java's `validate`)."""
@@ -174,10 +186,13 @@ class SnapshotProducer:
     def _deletes(self, base: TableMetadata, state: _Attempt) -> list[ManifestFile]:
         """This attempt's DVs (pending positions merged with the base's) and the delete
         manifests that add them."""
-        pending = state.rebased.pending if state.rebased is not None else self._delta.position_deletes
+        pending = dict(state.rebased.pending if state.rebased is not None else self._delta.position_deletes)
+        for path, hidden in (state.replaced.hidden if state.replaced is not None else {}).items():
+            mine = pending.get(path)
+            pending[path] = hidden if mine is None else PendingDeletes(mine.spec_id, mine.partition, mine.positions | hidden.positions)
         if not pending:
             return []
-        live = live_position_deletes(self._io, base.current_snapshot())
+        live = live_position_deletes(self._io, self._parent(base))
         if base.format_version < 3:
             def location_for(n: int) -> str:
                 location = f"{self._data_dir}/{self._commit_uuid}-{self._attempt}-{n:05d}-deletes.parquet"
@@ -199,39 +214,44 @@ class SnapshotProducer:
         return {p for p in (deleted_data_file(f) for f in added_dvs) if p is not None}
 
     def _carry_over(
-        self, base: TableMetadata, counts: ChangeCounts, replaced_dvs: Set[str], removed_files: Set[str]
+        self, base: TableMetadata, state: _Attempt, replaced_dvs: Set[str], removed_files: Set[str]
     ) -> list[ManifestFile]:
         """The base's manifests as they stand after this delta's removals: data files it
-        rewrote, and DVs it replaces or whose data file it removes."""
-        parent = base.current_snapshot()
+        rewrote or replaced, DVs it replaces or whose data file it removes, and the delete
+        files an overwrite's scope takes."""
+        parent = self._parent(base)
         if parent is None:
             return []
+        replaced = state.replaced
+        scoped_deletes = replaced is not None and replaced.scope.kind != "filter"
         kept: list[ManifestFile] = []
         for manifest in read_manifest_list(self._io, parent.manifest_list):
             if not manifest.added_files_count and not manifest.existing_files_count:
                 # Only DELETED entries, recorded by an earlier snapshot: nothing is live in
                 # it any more, so later snapshots drop it (as Iceberg Java does).
                 continue
-            if self._delta.replace_all:
-                removed = read_entries(self._io, manifest)
-                if removed:
-                    kept.append(self._rewrite(base, manifest, [], removed, counts))
-                continue
-            if manifest.content == ManifestContent.DELETES and replaced_dvs:
-                live = read_entries(self._io, manifest)
-                removed = [e for e in live if deleted_data_file(e.data_file) in replaced_dvs]
-                if removed:
-                    others = [e for e in live if deleted_data_file(e.data_file) not in replaced_dvs]
-                    kept.append(self._rewrite(base, manifest, others, removed, counts))
+            drop: Callable[[ManifestEntry], bool]
+            if manifest.content == ManifestContent.DELETES:
+                if not replaced_dvs and not scoped_deletes:
+                    kept.append(manifest)
                     continue
-            if manifest.content == ManifestContent.DATA and removed_files:
-                live = read_entries(self._io, manifest)
-                removed = [e for e in live if e.data_file.file_path in removed_files]
-                if removed:
-                    others = [e for e in live if e.data_file.file_path not in removed_files]
-                    kept.append(self._rewrite(base, manifest, others, removed, counts))
+
+                def drop(e: ManifestEntry) -> bool:
+                    return deleted_data_file(e.data_file) in replaced_dvs or (replaced is not None and replaced.drops_delete_file(e))
+            else:
+                if not removed_files:
+                    kept.append(manifest)
                     continue
-            kept.append(manifest)
+
+                def drop(e: ManifestEntry) -> bool:
+                    return e.data_file.file_path in removed_files
+            live = read_entries(self._io, manifest)
+            removed = [e for e in live if drop(e)]
+            if removed:
+                others = [e for e in live if not drop(e)]
+                kept.append(self._rewrite(base, manifest, others, removed, state.counts))
+            else:
+                kept.append(manifest)
         return kept
 
     def _rewrite(
@@ -267,7 +287,7 @@ class SnapshotProducer:
         counts: ChangeCounts,
         extra_summary: Mapping[str, str],
     ) -> Snapshot:
-        parent = base.current_snapshot()
+        parent = self._parent(base)
         sequence_number = last_sequence_number(base) + 1
         first_row_id = next_row_id(base)
         list_location = f"{self._metadata_dir}/snap-{self.snapshot_id}-{attempt}-{self._commit_uuid}.avro"

@@ -1,9 +1,10 @@
-"""The catalog commit itself: one compare-and-swap of the main branch.
+"""The catalog commit itself: one compare-and-swap of a branch (main unless the write names one).
 
 Kept apart from snapshot production (as Iceberg Java keeps `SnapshotProducer` apart from
-the commit): the producer builds a snapshot against a base, `swap_in` lands it only if main
-still points at that base's snapshot, together with the property changes and the snapshot
-expiry that travel with it.
+the commit): the producer builds a snapshot against a base, `swap_in` lands it only if the
+branch still points where it pointed in that base (or still does not exist, for a branch the
+commit creates), together with the property changes and the snapshot expiry that travel
+with it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pyiceberg.table.update import (
     TableUpdate,
 )
 
-from lakesink_datasource.iceberg.compat import v3_metadata_writes
+from lakesink_datasource.catalog import sql_commit
 
 
 @dataclass
@@ -34,18 +35,20 @@ class PreparedCommit:
     snapshot: Snapshot | None  # None: only properties and expiry (e.g. `maintain expire`)
     properties: dict[str, str] = field(default_factory=dict)
     expired: list[int] = field(default_factory=list)
+    branch: str | None = None  # None: main
 
 
 def swap_in(table: Table, prepared: PreparedCommit) -> Table:
-    """Commit `prepared` if main still is its base's snapshot (CommitFailedException if not);
-    returns the table as committed."""
-    parent = prepared.base.current_snapshot()
+    """Commit `prepared` if its branch still is where it was in the base (CommitFailedException
+    if not); returns the table as committed."""
+    branch = prepared.branch or "main"
+    ref = prepared.base.refs.get(branch)
     updates: list[TableUpdate] = []
     if prepared.snapshot is not None:
         updates += [
             AddSnapshotUpdate(snapshot=prepared.snapshot),
             SetSnapshotRefUpdate(
-                ref_name="main", type=SnapshotRefType.BRANCH, snapshot_id=prepared.snapshot.snapshot_id,
+                ref_name=branch, type=SnapshotRefType.BRANCH, snapshot_id=prepared.snapshot.snapshot_id,
                 max_ref_age_ms=None, max_snapshot_age_ms=None, min_snapshots_to_keep=None,
             ),
         ]
@@ -53,12 +56,11 @@ def swap_in(table: Table, prepared: PreparedCommit) -> Table:
         updates.append(SetPropertiesUpdate(updates=prepared.properties))
     if prepared.expired:
         updates.append(RemoveSnapshotsUpdate(snapshot_ids=prepared.expired))
-    with v3_metadata_writes():
-        response = table.catalog.commit_table(
-            table,
-            requirements=(AssertRefSnapshotId(ref="main", snapshot_id=parent.snapshot_id if parent else None),),
-            updates=tuple(updates),
-        )
+    response = sql_commit.commit(
+        table,
+        requirements=(AssertRefSnapshotId(ref=branch, snapshot_id=ref.snapshot_id if ref is not None else None),),
+        updates=tuple(updates),
+    )
     return Table(
         table.name(), metadata=response.metadata, metadata_location=response.metadata_location, io=table.io, catalog=table.catalog
     )

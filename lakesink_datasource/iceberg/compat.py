@@ -71,6 +71,30 @@ def _install() -> None:
     _metadata.TableMetadataV3.model_dump_json = _dump_v3_json  # type: ignore[method-assign]  # the scoped shim itself
 
 
+def apply_updates(base: _metadata.TableMetadata, updates: tuple[Any, ...], metadata_location: str) -> _metadata.TableMetadata:
+    """pyiceberg's `update_table_metadata` for a commit on `base` (stored at
+    `metadata_location`), without its final deep copy of the whole metadata. That copy costs
+    about 0.1 ms per retained snapshot on every commit; it guards against updates that
+    share mutable state, and the 0.12 updates lakesink sends (add snapshot, set ref, set
+    properties, remove snapshots) each build new lists and dicts (`model_copy(update=...)`)."""
+    from pyiceberg.table.update import _apply_table_update, _TableMetadataUpdateContext, _update_table_metadata_log
+    from pyiceberg.utils.datetime import datetime_to_millis
+
+    context = _TableMetadataUpdateContext()
+    new = base
+    for update in updates:
+        new = _apply_table_update(update, new, context)
+    if context.has_changes():
+        new = _update_table_metadata_log(new, metadata_location, base.last_updated_ms)
+        if base.last_updated_ms == new.last_updated_ms:
+            from datetime import datetime
+
+            new = new.model_copy(update={"last_updated_ms": datetime_to_millis(datetime.now().astimezone())})
+    new.spec().check_compatible(new.schema())
+    new.sort_order().check_compatible(new.schema())
+    return new
+
+
 @contextmanager
 def v3_metadata_writes() -> Iterator[None]:
     """Let pyiceberg serialise v3 table metadata for calls made inside this block."""

@@ -15,6 +15,15 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 
 
+def branch_head(metadata: TableMetadata, branch: str | None) -> Snapshot | None:
+    """The snapshot a commit to `branch` (None: main) builds on: the branch's head, or main's
+    current snapshot for a branch that does not exist yet (it is created from main, as
+    Iceberg Java's `toBranch` does)."""
+    if branch is not None and branch in metadata.refs:
+        return metadata.snapshot_by_id(metadata.refs[branch].snapshot_id)
+    return metadata.current_snapshot()
+
+
 def ancestors(metadata: TableMetadata, start: int | None = None) -> Iterator[Snapshot]:
     """`start` (default: the current snapshot of main) and its retained ancestors, newest first."""
     snapshot = metadata.current_snapshot() if start is None else metadata.snapshot_by_id(start)
@@ -25,14 +34,14 @@ def ancestors(metadata: TableMetadata, start: int | None = None) -> Iterator[Sna
 
 
 def snapshots_after(
-    metadata: TableMetadata, since: int | None, since_sequence: int | None = None
+    metadata: TableMetadata, since: int | None, since_sequence: int | None = None, head: Snapshot | None = None
 ) -> tuple[list[Snapshot], bool]:
     """Main-branch snapshots committed after snapshot `since`, newest first, and whether
     `since` is an ancestor of the current snapshot (None means "from the beginning": always
-    found). An expired `since` is still found through its child's parent id or, given its
+    found). `head`: walk back from this snapshot instead (a branch's head). An expired `since` is still found through its child's parent id or, given its
     sequence number, when the oldest retained ancestor's number directly follows it."""
     out: list[Snapshot] = []
-    for snapshot in ancestors(metadata):
+    for snapshot in ancestors(metadata, head.snapshot_id if head is not None else None):
         if snapshot.snapshot_id == since:
             return out, True
         if since_sequence is not None and (snapshot.sequence_number or 0) <= since_sequence:

@@ -136,15 +136,20 @@ def pack_location(loc: Location) -> bytes:
 
 def pack_locations(ordinal: int, first_position: int, count: int, sequences: Sequence[bytes] | None = None) -> list[bytes]:
     """`pack_location` for `count` consecutive positions of one file, vectorised."""
-    packed = np.empty(count, dtype=[("ordinal", "<u4"), ("position", "<u8")])
+    return pack_positions(ordinal, np.arange(first_position, first_position + count, dtype=np.uint64), sequences)
+
+
+def pack_positions(ordinal: int, positions: np.ndarray, sequences: Sequence[bytes | None] | None = None) -> list[bytes]:
+    """`pack_location` for rows at `positions` of one file, vectorised."""
+    packed = np.empty(len(positions), dtype=[("ordinal", "<u4"), ("position", "<u8")])
     packed["ordinal"] = ordinal
-    packed["position"] = np.arange(first_position, first_position + count, dtype=np.uint64)
+    packed["position"] = positions
     raw = packed.tobytes()
     size = _LOCATION.size
     heads = [raw[i : i + size] for i in range(0, len(raw), size)]
     if sequences is None:
         return heads
-    return [h + _SEQUENCE_MARKER + s for h, s in zip(heads, sequences)]
+    return [h if s is None else h + _SEQUENCE_MARKER + s for h, s in zip(heads, sequences)]
 
 
 def unpack_location(raw: bytes) -> Location:
@@ -373,6 +378,12 @@ class KeyIndex:
             zip(self._fit_all([k for k, _ in puts]), [pack_location(loc) for _, loc in puts])
         )
         final.update(dict.fromkeys(self._fit_all(deletes)))
+        token_raw = token.encode()
+        self._write(lambda txn: self._apply_txn(txn, token_raw, final))
+
+    def apply_packed(self, token: str, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        """`apply` of puts whose locations are already packed (`pack_positions`)."""
+        final: dict[bytes, bytes | None] = dict(zip(self._fit_all(keys), values))
         token_raw = token.encode()
         self._write(lambda txn: self._apply_txn(txn, token_raw, final))
 

@@ -27,6 +27,7 @@ import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
@@ -45,7 +46,7 @@ from lakesink_datasource.iceberg.partition_key import encode_partition
 from lakesink_datasource.iceberg.summary_keys import HOSTS, TOMBSTONES, WRITE_ID
 from lakesink_datasource.index.file_refs import FileRef, encode_ref
 from lakesink_datasource.index.key_encoding import encode_keys
-from lakesink_datasource.index.key_index import IndexState, KeyIndex, Location
+from lakesink_datasource.index.key_index import IndexState, KeyIndex, Location, pack_positions
 
 log = logging.getLogger("lakesink")
 
@@ -102,11 +103,11 @@ def index_files(
         if table.num_rows == 0:
             continue
         keys = encode_keys([table.column(c) for c in columns.key], names=list(columns.key))
-        sequences = encode_keys([table.column(columns.sequence)]) if columns.sequence else [None] * len(keys)
+        sequences = encode_keys([table.column(columns.sequence)]) if columns.sequence else None
         spec = metadata.specs()[data_file.spec_id]
         ref = FileRef(data_file.file_path, data_file.spec_id, encode_partition(spec, schema, data_file.partition))
         ordinal = index.file_ordinal(encode_ref(ref))
-        index.apply(token, [(k, Location(ordinal, int(p), s)) for k, p, s in zip(keys, positions, sequences)], [])
+        index.apply_packed(token, keys, pack_positions(ordinal, np.asarray(positions, dtype=np.uint64), sequences))
         indexed += len(keys)
     return indexed
 

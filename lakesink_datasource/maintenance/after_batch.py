@@ -15,7 +15,7 @@ import time
 
 from pyiceberg.table import Table
 
-from lakesink_datasource.catalog import loader
+from lakesink_datasource.catalog import loader, sql_commit
 from lakesink_datasource.iceberg.properties import TableSettings
 from lakesink_datasource.maintenance.compaction import CompactionResult, compact
 from lakesink_datasource.maintenance.orphans import remove_orphans
@@ -43,9 +43,12 @@ def maintain_after_commit(
     if plan.options.maintenance != "auto":
         return None
     try:
-        table = table or loader.load(plan.catalog).load_table(plan.identifier)
+        table = table or sql_commit.load_table(loader.load(plan.catalog), plan.identifier)
         settings = TableSettings.of_table(table.metadata)
-        result = compact(table, budget_bytes=compaction_budget(settings, batch_bytes), batch_id=batch_id)
+        result = compact(
+            table, budget_bytes=compaction_budget(settings, batch_bytes), batch_id=batch_id,
+            min_files=settings.compaction_min_input_files,
+        )
         if result.snapshot_id is not None:
             log.info("lakesink: compaction after batch %s: %s in %.3f s", batch_id, result.describe(), result.seconds)
         elif result.skipped_reason not in (None, "nothing to compact"):

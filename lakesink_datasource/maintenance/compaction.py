@@ -62,7 +62,7 @@ class CompactionResult:
 
 
 def plan_for(
-    table: Table, budget_bytes: int, target_file_size: int | None = None, *, tiered: bool = True
+    table: Table, budget_bytes: int, target_file_size: int | None = None, *, tiered: bool = True, min_files: int = 0
 ) -> tuple[CompactionPlan, dict[str, RewriteInput]]:
     """The compaction worth doing on the table's current state, within `budget_bytes`."""
     metadata = table.metadata
@@ -81,7 +81,7 @@ def plan_for(
         inputs[f.file_path] = RewriteInput(entry, dv)
         key = (f.spec_id, encode_partition(spec, schema, f.partition))
         stats.append(FileStats(f.file_path, key, f.file_size_in_bytes, f.record_count, dv.data_file.record_count if dv else 0))
-    plan = plan_compaction(stats, target_file_size or settings.target_file_size_bytes, budget_bytes, tiered=tiered)
+    plan = plan_compaction(stats, target_file_size or settings.target_file_size_bytes, budget_bytes, tiered=tiered, min_files=min_files)
     return plan, inputs
 
 
@@ -98,13 +98,14 @@ def compact(
     tiered: bool = True,
     progress: Callable[[int], None] | None = None,
     batch_id: int | None = None,
+    min_files: int = 0,
 ) -> CompactionResult:
     """Rewrite the small (or mostly deleted) files the planner picks and commit the result
     as one `replace` snapshot on exactly the state that was read. `progress` gets the bytes
     of each input file once it is rewritten; `tiered=False` merges all small files of a
-    partition (see `plan_compaction`)."""
+    partition (see `plan_compaction`); `min_files`: do nothing until the work has that many files."""
     started = time.perf_counter()
-    plan, inputs = plan_for(table, budget_bytes, target_file_size, tiered=tiered)
+    plan, inputs = plan_for(table, budget_bytes, target_file_size, tiered=tiered, min_files=min_files)
     chosen = [inputs[f.path] for g in plan.groups for f in g.files]
     dropped = [inputs[f.path] for f in plan.dropped]
     every = chosen + dropped

@@ -10,7 +10,11 @@ class (log4(target / 64 KiB), ~7 for 512 MiB files) and a partition keeps at mos
 DVs go with them), and fully deleted files are simply dropped.
 
 Each call picks work up to a byte budget (smallest classes first: they cost least and
-remove most files), so the time a micro-batch spends on compaction stays bounded.
+remove most files), so the time a micro-batch spends on compaction stays bounded. After a
+batch, work is also held back until it adds up to `min_files` input files (and dropped
+ones): every compaction is a snapshot of its own and makes each host's key index re-read the
+rewritten rows, a cost per compaction more than per byte, so most batches commit without
+one and the batches that do carry several batches' worth of merging.
 """
 
 from __future__ import annotations
@@ -74,11 +78,14 @@ def size_class(live_bytes: int) -> int:
     return max(0, int(math.log(max(live_bytes, 1) / MIN_CLASS_BYTES, CLASS_FACTOR)) + 1) if live_bytes >= MIN_CLASS_BYTES else 0
 
 
-def plan_compaction(files: Iterable[FileStats], target_file_size: int, budget_bytes: int, *, tiered: bool = True) -> CompactionPlan:
+def plan_compaction(
+    files: Iterable[FileStats], target_file_size: int, budget_bytes: int, *, tiered: bool = True, min_files: int = 0
+) -> CompactionPlan:
     """Groups to rewrite (each into one file of at most about `target_file_size`), within
-    `budget_bytes` of input, and the files to drop outright. `tiered=False` (an operator's
-    full compaction) merges every partition's small files whenever it has two or more."""
-    min_files = MIN_INPUT_FILES if tiered else 2
+    `budget_bytes` of input, and the files to drop outright; nothing while that is fewer than
+    `min_files` files. `tiered=False` (an operator's full compaction) merges every
+    partition's small files whenever it has two or more."""
+    min_group_files = MIN_INPUT_FILES if tiered else 2
     dropped: list[FileStats] = []
     by_class: dict[tuple[int, Hashable], list[FileStats]] = defaultdict(list)
     for f in files:
@@ -90,7 +97,7 @@ def plan_compaction(files: Iterable[FileStats], target_file_size: int, budget_by
 
     candidates: list[tuple[int, RewriteGroup]] = []
     for (cls, partition), members in by_class.items():
-        if len(members) < min_files and not any(f.deleted_fraction >= DELETED_FRACTION_TO_REWRITE for f in members):
+        if len(members) < min_group_files and not any(f.deleted_fraction >= DELETED_FRACTION_TO_REWRITE for f in members):
             continue
         # Oldest-first order is not known here; by path keeps the choice deterministic.
         members.sort(key=lambda f: f.path)
@@ -111,4 +118,6 @@ def plan_compaction(files: Iterable[FileStats], target_file_size: int, budget_by
         if worth and group.bytes <= left:
             chosen.append(group)
             left -= group.bytes
+    if sum(len(g.files) for g in chosen) + len(dropped) < min_files:
+        return CompactionPlan([], [])
     return CompactionPlan(chosen, dropped)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pyiceberg.table.metadata import TableMetadata
 
-from lakesink_datasource.iceberg.history import ancestors, snapshots_after
+from lakesink_datasource.iceberg.history import ancestors, branch_head, snapshots_after
 from lakesink_datasource.iceberg.summary_keys import EPOCH_ID, QUERY_ID, TXN_APP_ID, TXN_VERSION, WRITE_ID
 
 LAST_EPOCH_PREFIX = "lakesink.last-epoch."
@@ -66,7 +66,8 @@ def is_epoch_committed(metadata: TableMetadata, query_id: str | None, epoch: int
     return last is not None and epoch <= last
 
 
-def is_write_committed(metadata: TableMetadata, write_id: str, since_snapshot_id: int | None) -> bool:
-    """Did a commit of `write_id` land after `since_snapshot_id` (the state it planned on)?"""
-    after, _ = snapshots_after(metadata, since_snapshot_id)
+def is_write_committed(metadata: TableMetadata, write_id: str, since_snapshot_id: int | None, branch: str | None = None) -> bool:
+    """Did a commit of `write_id` land on `branch` (None: main) after `since_snapshot_id` (the
+    state it planned on)?"""
+    after, _ = snapshots_after(metadata, since_snapshot_id, head=branch_head(metadata, branch))
     return any(s.summary is not None and s.summary.get(WRITE_ID) == write_id for s in after)

@@ -17,9 +17,11 @@ from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, FloatType, PrimitiveType
 from pyspark.sql.types import StructType
 
-from lakesink_datasource.catalog import loader
+from lakesink_datasource.catalog import loader, sql_commit
 from lakesink_datasource.iceberg.compat import v3_metadata_writes
+from lakesink_datasource.iceberg.history import branch_head
 from lakesink_datasource.iceberg.properties import CREATE_DEFAULTS, FORMAT_VERSION, PropertyError, TableSettings
+from lakesink_datasource.iceberg.row_filter import FilterError, parse_filter
 from lakesink_datasource.options import KEYED_OPERATIONS, OptionError, WriteOptions
 from lakesink_datasource.schema.spark_types import SchemaError, check_dataframe_columns, column_mapping, spark_to_iceberg_schema
 from lakesink_datasource.table.partition_spec import describe_spec, parse_partition_spec, same_layout
@@ -28,7 +30,7 @@ from lakesink_datasource.table.plan import KeyedPlan, WritePlan
 
 def load_table(catalog: Catalog, identifier: str) -> Table | None:
     try:
-        return catalog.load_table(identifier)
+        return sql_commit.load_table(catalog, identifier)
     except NoSuchTableError:
         return None
 
@@ -113,6 +115,38 @@ def _check_layout_matches(options: WriteOptions, table: Table) -> None:
         )
 
 
+def _check_write_target(options: WriteOptions, overwrite: bool) -> None:
+    """Branch and partial-overwrite options that need no table."""
+    if options.replace_where is not None and not overwrite:
+        raise OptionError(
+            "option 'replace_where' applies to overwrites: use mode('overwrite') (it then replaces only the rows the "
+            "filter matches), or leave it out to append"
+        )
+    if options.branch is not None and options.operation in KEYED_OPERATIONS:
+        raise OptionError(
+            f"option 'branch' cannot be used with operation {options.operation!r}: keyed writes resolve keys in an "
+            "index of main's rows; write keyed changes to main, or append/overwrite on the branch"
+        )
+
+
+def _check_filter(options: WriteOptions, schema: Schema) -> None:
+    if options.replace_where is None:
+        return
+    try:
+        parse_filter(options.replace_where, schema)
+    except FilterError as exc:
+        raise OptionError(f"option 'replace_where': {exc}") from None
+
+
+def _check_branch(options: WriteOptions, table: Table) -> None:
+    ref = table.metadata.refs.get(options.branch) if options.branch is not None else None
+    if ref is not None and ref.snapshot_ref_type.value != "branch":
+        raise OptionError(
+            f"option 'branch' = {options.branch!r} names a tag of table {options.table}; tags cannot be written to: "
+            "give a branch name (a missing branch is created from main)"
+        )
+
+
 def _check_keyed_options(options: WriteOptions, spark_schema: StructType, overwrite: bool) -> None:
     """Keyed option checks that need no table (so they run before one is created)."""
     keyed = options.operation in KEYED_OPERATIONS
@@ -186,11 +220,14 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
     # creates a table as a side effect.
     check_dataframe_columns(spark_schema)
     _check_keyed_options(options, spark_schema, overwrite)
+    _check_write_target(options, overwrite)
     probe = _new_table_schema(options, spark_schema)
     parse_partition_spec(options.partition_by, probe)
     table = resolve_table(options, spark_schema, create=False)
+    _check_filter(options, table.schema() if table is not None else probe)
     if table is not None:
         _check_layout_matches(options, table)
+        _check_branch(options, table)
     else:
         table = resolve_table(options, spark_schema)
     assert table is not None
@@ -207,7 +244,7 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
         raise OptionError(f"{exc} (table {options.table}); fix it with property.{exc.name}=...") from None
     keyed = _plan_keys(options, spark_schema, table)
     sources = _column_sources(options, spark_schema, table.schema())
-    current = table.metadata.current_snapshot()
+    current = branch_head(table.metadata, options.branch)
     return WritePlan(
         write_id=uuid.uuid4().hex,
         options=options,

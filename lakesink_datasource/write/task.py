@@ -21,6 +21,7 @@ from pyiceberg.schema import Schema
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg.partition_key import PartitionKey, partition_path
 from lakesink_datasource.iceberg.properties import TableSettings
+from lakesink_datasource.iceberg.row_filter import RowFilter, matches, parse_filter
 from lakesink_datasource.index.sync import TOMBSTONE_DIR
 from lakesink_datasource.io.partitioning import PartitionSplitter
 from lakesink_datasource.io.rolling_writer import STREAM_BUFFER_BYTES, PartitionedParquetWriter
@@ -96,6 +97,21 @@ def _file_namer(data_dir: str, spec: PartitionSpec, schema: Schema, who: TaskIde
     return path_for
 
 
+class ReplaceWhereError(ValueError):
+    """Rows of an overwrite with replace_where fall outside its filter."""
+
+
+def _check_rows_match(row_filter: RowFilter, batch: pa.Table | pa.RecordBatch) -> None:
+    hit = matches(row_filter, batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch]))
+    if not hit.all():
+        outside = int((~hit).sum())
+        raise ReplaceWhereError(
+            f"{outside} row(s) of the DataFrame do not match option 'replace_where' = {row_filter.text!r}; an overwrite with "
+            "replace_where writes only rows the filter matches: filter the DataFrame with the same condition or "
+            "widen replace_where. Nothing was committed"
+        )
+
+
 def write_task(
     plan: WritePlan, batches: Iterator[pa.RecordBatch], who: TaskIdentity | None = None
 ) -> LakeSinkCommitMessage:
@@ -161,6 +177,10 @@ def write_task(
         # keeps at most this many open (the least recently written closes).
         max_open_files=MAX_OPEN_FILES,
     )
+    # Rows an overwrite with replace_where writes must match its filter (as Delta checks):
+    # the overwrite replaces exactly the matching rows, so a row outside it would land
+    # beside the rows it was meant to replace.
+    replace_where = parse_filter(plan.options.replace_where, schema) if plan.overwrite and plan.options.replace_where else None
     rows_in = 0
     partition_seconds = write_seconds = 0.0
     keyed: KeyedWriter | None = None
@@ -177,7 +197,10 @@ def write_task(
                 keyed.write(batch)
                 write_seconds += time.perf_counter() - t0
                 continue
-            grouped, groups = splitter.split_grouped(aligner.align(batch))
+            aligned = aligner.align(batch)
+            if replace_where is not None:
+                _check_rows_match(replace_where, aligned)
+            grouped, groups = splitter.split_grouped(aligned)
             t1 = time.perf_counter()
             writer.write_groups(grouped, groups)
             partition_seconds += t1 - t0

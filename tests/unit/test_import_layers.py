@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     {"write", "commit"},  # the task side and the commit side
     {"maintenance"},
     {"progress"},  # what the driver prints per batch
-    {"check", "duckdb_reader", "maintain", "locate", "clustering", "datasource"},  # tools and the Spark face
+    {"check", "duckdb_reader", "maintain", "locate", "publish", "clustering", "datasource"},  # tools and the Spark face
     {"__init__"},  # the package's public names
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}

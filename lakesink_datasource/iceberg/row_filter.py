@@ -1,0 +1,150 @@
+"""Row filters in Iceberg's expression syntax (`replace_where`): parse, check rows, place files.
+
+A filter is parsed with pyiceberg's parser and bound to the table schema (names matched
+case-insensitively, as Spark matches them). A row matches when the filter is true for it; a
+row for which it is false or unknown (a null) does not, as in SQL's WHERE and Delta's
+`replaceWhere`.
+
+A data file is placed with what the table already knows before any row is read: its
+partition (strict and inclusive projections through the spec) and its column bounds (strict
+and inclusive metrics). Only a file that may hold both kinds of rows is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.expressions import AlwaysFalse, AlwaysTrue, BooleanExpression
+from pyiceberg.expressions.parser import parse
+from pyiceberg.expressions.visitors import (
+    _InclusiveMetricsEvaluator,
+    _StrictMetricsEvaluator,
+    bind,
+    expression_evaluator,
+    extract_field_ids,
+    inclusive_projection,
+    strict_projection,
+)
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import expression_to_pyarrow, schema_to_pyarrow
+from pyiceberg.manifest import DataFile
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
+from pyparsing import ParseBaseException
+from pyroaring import BitMap64
+
+from lakesink_datasource.iceberg.row_lineage import field_ids
+
+
+class FilterError(ValueError):
+    """A filter that does not parse or names a column the table lacks."""
+
+
+class Placement(Enum):
+    ALL = "all"  # every row of the file matches
+    NONE = "none"  # no row does
+    SOME = "some"  # the file must be read to tell
+
+
+@dataclass(frozen=True)
+class RowFilter:
+    """A parsed filter: bound to the schema for evaluating rows, unbound for pyiceberg's
+    projections and metrics evaluators (which bind it themselves)."""
+
+    text: str
+    unbound: BooleanExpression
+    bound: BooleanExpression
+    schema: Schema
+
+
+def parse_filter(text: str, schema: Schema) -> RowFilter:
+    """The filter, checked against `schema`; FilterError saying what is wrong."""
+    try:
+        unbound = parse(text)
+    except (ParseBaseException, ValueError) as exc:
+        raise FilterError(
+            f"cannot parse {text!r} as an Iceberg filter{_where(exc)}; write e.g. \"day = '2024-01-01'\" or "
+            "\"region IN ('eu', 'us') AND id >= 100\""
+        ) from None
+    try:
+        return RowFilter(text, unbound, bind(schema, unbound, case_sensitive=False), schema)
+    except ValueError as exc:
+        columns = ", ".join(f.name for f in schema.fields)
+        reason = str(exc).replace(", case_sensitive=False", "")
+        raise FilterError(f"filter {text!r}: {reason} (the table's columns: {columns})") from None
+
+
+def _where(exc: Exception) -> str:
+    column = getattr(exc, "col", None)  # pyparsing's 1-based column of the first bad token
+    return f" (stopped at character {column})" if isinstance(column, int) else ""
+
+
+def filter_columns(row_filter: RowFilter) -> list[str]:
+    """Top-level table columns the filter reads."""
+    ids = extract_field_ids(row_filter.bound)
+    return [f.name for f in row_filter.schema.fields if f.field_id in ids]
+
+
+def matches(row_filter: RowFilter, rows: pa.Table) -> np.ndarray:
+    """Per row: does the filter hold? `rows` has the table's column names."""
+    expression, schema = row_filter.bound, row_filter.schema
+    if isinstance(expression, AlwaysTrue):
+        return np.ones(rows.num_rows, dtype=bool)
+    if isinstance(expression, AlwaysFalse):
+        return np.zeros(rows.num_rows, dtype=bool)
+    # Arrow filters with a compute expression (dropping false and null); the positions of
+    # the rows it keeps make the mask.
+    indexed = rows.append_column(_POSITION, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+    kept = indexed.filter(expression_to_pyarrow(expression, schema)).column(_POSITION)
+    mask = np.zeros(rows.num_rows, dtype=bool)
+    mask[np.asarray(kept.to_numpy(), dtype=np.int64)] = True
+    return mask
+
+
+_POSITION = "__lakesink_position"
+
+
+def place(row_filter: RowFilter, spec: PartitionSpec, data_file: DataFile) -> Placement:
+    """Where `data_file` stands against the filter, from its partition and column bounds."""
+    expression, schema = row_filter.unbound, row_filter.schema
+    if isinstance(expression, AlwaysTrue):
+        return Placement.ALL
+    if isinstance(expression, AlwaysFalse):
+        return Placement.NONE
+    if spec.fields:
+        partition = Schema(*spec.partition_type(schema).fields)
+        may = inclusive_projection(schema, spec, case_sensitive=False)(expression)
+        if not expression_evaluator(partition, may, case_sensitive=False)(data_file.partition):
+            return Placement.NONE
+        surely = strict_projection(schema, spec, case_sensitive=False)(expression)
+        if expression_evaluator(partition, surely, case_sensitive=False)(data_file.partition):
+            return Placement.ALL
+    if not _InclusiveMetricsEvaluator(schema, expression, case_sensitive=False).eval(data_file):
+        return Placement.NONE
+    if _StrictMetricsEvaluator(schema, expression, case_sensitive=False).eval(data_file):
+        return Placement.ALL
+    return Placement.SOME
+
+
+def matching_positions(io: FileIO, path: str, row_filter: RowFilter) -> BitMap64:
+    """Positions of the rows of data file `path` the filter matches (hidden rows included:
+    hiding one twice changes nothing)."""
+    schema = row_filter.schema
+    wanted = {f.field_id: f.name for f in schema.fields if f.name in filter_columns(row_filter)}
+    with io.new_input(path).open() as stream:
+        parquet = pq.ParquetFile(stream)
+        by_id = field_ids(parquet.schema_arrow)
+        names = parquet.schema_arrow.names
+        columns = {wanted[i]: names[c] for i, c in by_id.items() if i in wanted}
+        read = parquet.read(columns=list(columns.values()))
+    arrays = {table_name: read.column(file_name) for table_name, file_name in columns.items()}
+    arrow_types = schema_to_pyarrow(schema)
+    for name in wanted.values():
+        if name not in arrays:  # a column added after the file was written reads as null
+            arrays[name] = pa.nulls(read.num_rows, type=arrow_types.field(name).type)
+    hit = matches(row_filter, pa.table(arrays))
+    return BitMap64(np.flatnonzero(hit).astype(np.uint64))
