@@ -81,7 +81,9 @@ def _commit(plan: WritePlan, messages: list[WriterCommitMessage | None], batch_i
         if sequenced:
             store_tombstones_safely(loader.load(plan.catalog), plan.identifier, outcome.table)
         if plan.options.branch is None:  # maintenance keeps main; a branch is published into it
-            compaction = maintain_after_commit(plan, outcome.stats.bytes_written, batch_id=batch_id, table=outcome.table)
+            compaction = maintain_after_commit(
+                plan, outcome.stats.bytes_written, batch_id=batch_id, table=outcome.table, batch_files=outcome.data_files
+            )
     if plan.options.progress:
         report_batch(plan.options.table, batch_id, outcome, compaction)
 

@@ -21,6 +21,8 @@ when none of its DVs is still live). Two ways to find them, with the same result
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -131,13 +133,35 @@ def _incremental(
     return out
 
 
+_LIVE_DELETES_CACHE_MAX = 4096
+_live_deletes: OrderedDict[str, frozenset[str]] = OrderedDict()  # manifest list -> live delete files
+_live_deletes_lock = threading.Lock()
+
+
+def _snapshot_live_deletes(io: FileIO, snapshot: Snapshot) -> frozenset[str]:
+    """The delete files live in `snapshot`: fixed for a snapshot, so remembered per manifest
+    list. A stream expires one snapshot per batch against a window of retained ones; each
+    is read once in its life instead of once per batch."""
+    with _live_deletes_lock:
+        found = _live_deletes.get(snapshot.manifest_list)
+        if found is not None:
+            _live_deletes.move_to_end(snapshot.manifest_list)
+            return found
+    found = frozenset(
+        e.data_file.file_path
+        for m in read_manifest_list(io, snapshot.manifest_list)
+        if m.content == ManifestContent.DELETES
+        for e in read_entries(io, m)
+    )
+    with _live_deletes_lock:
+        _live_deletes[snapshot.manifest_list] = found
+        while len(_live_deletes) > _LIVE_DELETES_CACHE_MAX:
+            _live_deletes.popitem(last=False)
+    return found
+
+
 def _live_delete_paths(io: FileIO, snapshots: Iterable[Snapshot]) -> set[str]:
-    paths: set[str] = set()
-    for manifests in _lists(io, snapshots).values():
-        for manifest in manifests:
-            if manifest.content == ManifestContent.DELETES:
-                paths |= {e.data_file.file_path for e in read_entries(io, manifest)}
-    return paths
+    return set().union(*(_snapshot_live_deletes(io, s) for s in snapshots))
 
 
 def _referenced(io: FileIO, snapshots: Iterable[Snapshot]) -> tuple[set[str], set[str], set[str], set[str]]:

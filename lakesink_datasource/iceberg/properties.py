@@ -46,7 +46,7 @@ MIN_SNAPSHOTS_TO_KEEP: Final = "history.expire.min-snapshots-to-keep"
 ORPHAN_MIN_AGE_MS: Final = "lakesink.maintenance.orphan-min-age-ms"
 ORPHAN_INTERVAL_MS: Final = "lakesink.maintenance.orphan-interval-ms"
 COMPACTION_MIN_BUDGET_BYTES: Final = "lakesink.maintenance.compaction-min-bytes-per-batch"
-COMPACTION_MIN_INPUT_FILES: Final = "lakesink.maintenance.compaction-min-input-files"
+COMPACTION_BATCHES_PER_RUN: Final = "lakesink.maintenance.compaction-batches-per-run"
 
 PARQUET_CODECS: Final = ("zstd", "snappy", "gzip", "lz4", "brotli", "uncompressed")
 # Iceberg's Avro codec names -> the Avro container's names (pyiceberg's AvroOutputFile).
@@ -121,7 +121,7 @@ class TableSettings:
     orphan_min_age_ms: int
     orphan_interval_ms: int
     compaction_min_budget_bytes: int
-    compaction_min_input_files: int
+    compaction_batches_per_run: int
     data_path: str  # where data (and delete) files go
     metadata_path: str  # where manifests, manifest lists and metadata files go
 
@@ -151,7 +151,7 @@ class TableSettings:
             orphan_min_age_ms=_int(props, ORPHAN_MIN_AGE_MS, 3 * 24 * 3600 * 1000),
             orphan_interval_ms=_int(props, ORPHAN_INTERVAL_MS, 24 * 3600 * 1000),
             compaction_min_budget_bytes=_int(props, COMPACTION_MIN_BUDGET_BYTES, 32 * 1024 * 1024, minimum=0),
-            compaction_min_input_files=_int(props, COMPACTION_MIN_INPUT_FILES, 32, minimum=0),
+            compaction_batches_per_run=_int(props, COMPACTION_BATCHES_PER_RUN, 3, minimum=1),
             data_path=(props.get(DATA_PATH) or f"{location.rstrip('/')}/data").rstrip("/"),
             metadata_path=(props.get(METADATA_PATH) or f"{location.rstrip('/')}/metadata").rstrip("/"),
         )

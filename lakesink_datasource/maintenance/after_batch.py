@@ -18,6 +18,7 @@ from pyiceberg.table import Table
 from lakesink_datasource.catalog import loader, sql_commit
 from lakesink_datasource.iceberg.properties import TableSettings
 from lakesink_datasource.maintenance.compaction import CompactionResult, compact
+from lakesink_datasource.maintenance.compaction_plan import MIN_INPUT_FILES
 from lakesink_datasource.maintenance.orphans import remove_orphans
 from lakesink_datasource.table.plan import WritePlan
 
@@ -36,10 +37,17 @@ def compaction_budget(settings: TableSettings, batch_bytes: int) -> int:
     return max(settings.compaction_min_budget_bytes, BUDGET_FACTOR * batch_bytes)
 
 
+def compaction_min_files(settings: TableSettings, batch_files: int) -> int:
+    """Files worth merging that make a compaction run: `compaction-batches-per-run` batches'
+    worth of the files a batch adds, at least what one merge needs."""
+    return max(MIN_INPUT_FILES, settings.compaction_batches_per_run * batch_files)
+
+
 def maintain_after_commit(
-    plan: WritePlan, batch_bytes: int, batch_id: int | None, table: Table | None = None
+    plan: WritePlan, batch_bytes: int, batch_id: int | None, table: Table | None = None, batch_files: int = 0
 ) -> CompactionResult | None:
-    """`table`: the table as the batch's commit left it (loaded from the catalog if not given)."""
+    """`table`: the table as the batch's commit left it (loaded from the catalog if not given);
+    `batch_bytes`, `batch_files`: what the batch wrote."""
     if plan.options.maintenance != "auto":
         return None
     try:
@@ -47,7 +55,7 @@ def maintain_after_commit(
         settings = TableSettings.of_table(table.metadata)
         result = compact(
             table, budget_bytes=compaction_budget(settings, batch_bytes), batch_id=batch_id,
-            min_files=settings.compaction_min_input_files,
+            min_files=compaction_min_files(settings, batch_files),
         )
         if result.snapshot_id is not None:
             log.info("lakesink: compaction after batch %s: %s in %.3f s", batch_id, result.describe(), result.seconds)

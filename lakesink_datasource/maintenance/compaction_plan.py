@@ -12,9 +12,10 @@ DVs go with them), and fully deleted files are simply dropped.
 Each call picks work up to a byte budget (smallest classes first: they cost least and
 remove most files), so the time a micro-batch spends on compaction stays bounded. After a
 batch, work is also held back until it adds up to `min_files` input files (and dropped
-ones): every compaction is a snapshot of its own and makes each host's key index re-read the
-rewritten rows, a cost per compaction more than per byte, so most batches commit without
-one and the batches that do carry several batches' worth of merging.
+ones; `after_batch` asks for a few batches' worth): every compaction is a snapshot of its
+own and makes each host's key index re-read the rewritten rows, a cost per compaction more
+than per byte, so most batches commit without one and the batches that do carry several
+batches' worth of merging.
 """
 
 from __future__ import annotations

@@ -159,3 +159,27 @@ def test_cluster_by_partition_writes_one_file_per_partition(spark, warehouse: st
     again = cluster_by_partition(spark.createDataFrame(rows[:40], "id long, v string").repartition(4), "db.clustered", warehouse=warehouse)
     again.write.format("lakesink").option("warehouse", warehouse).option("maintenance", "off").mode("append").save("db.clustered")
     assert files_of("db.clustered") == 8
+
+
+def test_partial_overwrites_and_a_branch_through_df_write(spark, warehouse: str) -> None:
+    def write(data: list[tuple], mode: str, **options: str) -> None:
+        writer = spark.createDataFrame(data, "id long, region string").write.format("lakesink").option("warehouse", warehouse)
+        for key, value in options.items():
+            writer = writer.option(key, value)
+        writer.mode(mode).save("db.partial")
+
+    write([(1, "eu"), (2, "eu"), (3, "us"), (4, "ap")], "append", partition_by="region")
+    write([(10, "eu")], "overwrite", partitionOverwriteMode="dynamic")  # Iceberg/Spark's option name
+    assert_readers_see(warehouse, "db.partial", expected_rows(
+        [{"id": 10, "region": "eu"}, {"id": 3, "region": "us"}, {"id": 4, "region": "ap"}], ["id", "region"]), ["id", "region"])
+
+    write([(30, "us")], "overwrite", replaceWhere="region = 'us' OR id = 4")  # Delta's option name
+    assert_readers_see(warehouse, "db.partial", expected_rows(
+        [{"id": 10, "region": "eu"}, {"id": 30, "region": "us"}], ["id", "region"]), ["id", "region"])
+
+    main = load(warehouse, "db.partial").metadata.current_snapshot()
+    write([(99, "jp")], "append", branch="audit")
+    table = load(warehouse, "db.partial")
+    assert table.metadata.current_snapshot() == main
+    branch_rows = rows(table.scan(snapshot_id=table.metadata.refs["audit"].snapshot_id).to_arrow(), ["id"])
+    assert branch_rows == expected_rows([{"id": 10}, {"id": 30}, {"id": 99}], ["id"])

@@ -71,7 +71,7 @@ def _write(warehouse: str, ids: Iterable[int], *, tag: str = "", batch: int | No
                          TaskIdentity(batch_id=batch, query_id="q" if batch is not None else None))
     outcome = commit_write(plan, decode_messages([message]), batch)
     if maintain and outcome.snapshot_id is not None:
-        maintain_after_commit(plan, outcome.stats.bytes_written, batch)  # what a Spark commit runs next
+        maintain_after_commit(plan, outcome.stats.bytes_written, batch, batch_files=outcome.data_files)  # what a Spark commit runs next
     return outcome
 
 
