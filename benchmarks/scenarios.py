@@ -328,6 +328,51 @@ def scenario_fanout(ctx: BenchContext) -> dict[str, Any]:
     return res
 
 
+# --------------------------------------------------------------------------- 8. clustering
+
+
+CLUSTER_INPUT_TASKS = 8  # an upstream with 8 partitions (e.g. 8 Kafka partitions or files)
+
+
+def _lakesink_clustered(ctx: BenchContext, df, partition_by: str) -> Side:  # type: ignore[no-untyped-def]
+    from lakesink_datasource import cluster_by_partition
+
+    def run(d: Path) -> None:
+        options = {"warehouse": str(d / "warehouse"), "partition_by": partition_by}
+        clustered = cluster_by_partition(df, TABLE, **options)
+        clustered.write.format("lakesink").option("table", TABLE).options(**options).mode("append").save()
+
+    return Side("lakesink-clustered", run, lambda d: inspect_lakesink(d / "warehouse", TABLE), is_lakesink=True)
+
+
+def scenario_clustering(ctx: BenchContext) -> dict[str, Any]:
+    """Files per batch and throughput of a partitioned append from an 8-task input, as it
+    comes and clustered by partition first (`cluster_by_partition`)."""
+    df = ctx.data.repartition(CLUSTER_INPUT_TASKS)
+    rows = ctx.config.rows
+    spec = "days(ts)"
+    sides = [_lakesink_batch(ctx, df, partition_by=spec), _lakesink_clustered(ctx, df, spec)]
+    runs = measure(ctx, "s8-clustering", sides, rows)
+    res = _result(ctx, "8", "clustering", f"Partitioned append from {CLUSTER_INPUT_TASKS} input tasks: as is vs cluster_by_partition", rows, runs)
+    plain, clustered = _side_value(res, "lakesink", "rows_per_s"), _side_value(res, "lakesink-clustered", "rows_per_s")
+    plain_out = res["sides"].get("lakesink", {}).get("output", {})
+    clustered_out = res["sides"].get("lakesink-clustered", {}).get("output", {})
+    res["metrics"] = {
+        "files_as_is": plain_out.get("files"),
+        "files_clustered": clustered_out.get("files"),
+        "table_partitions": DAYS,
+        "throughput_ratio_clustered_vs_as_is": _ratio(clustered, plain),
+        "mean_file_bytes_as_is": _ratio(plain_out.get("bytes"), plain_out.get("files")),
+        "mean_file_bytes_clustered": _ratio(clustered_out.get("bytes"), clustered_out.get("files")),
+    }
+    res["notes"].append(
+        f"Both sides read the same cached data through repartition({CLUSTER_INPUT_TASKS}); the clustered side adds one "
+        "shuffle by the Iceberg partition value, so each of the table's partitions is written by one task."
+    )
+    res["throughput"] = {"lakesink": plain, "lakesink-clustered": clustered}
+    return res
+
+
 SCENARIOS: list[Scenario] = [
     Scenario("1", "append", "Append, unpartitioned", scenario_append),
     Scenario("2", "partitioned", "Append, partitioned by days(ts)", scenario_partitioned),
@@ -336,6 +381,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("5", "cdc", "CDC mix with a sequence column", scenario_cdc),
     Scenario("6", "read", "Read cost of deletion vectors (DuckDB)", scenario_read_cost),
     Scenario("7", "fanout", "Fanout memory, 1,000 and 10,000 partitions", scenario_fanout),
+    Scenario("8", "clustering", "Files per batch with cluster_by_partition", scenario_clustering),
 ]
 
 

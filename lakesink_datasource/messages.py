@@ -78,6 +78,11 @@ class TaskResult(msgspec.Struct, frozen=True):
     key_hashes: bytes = b""
     tombstones: str | None = None  # Parquet file of deleted keys with their sequence
     index_healed: bool = False  # the host's index was damaged and rebuilt by this task
+    # merge_schema: the staged schema the task's files were written with (JSON) and the schema
+    # it evolved from. The commit may run on a plan made by another planning call (streaming:
+    # Spark plans the commit's writer separately), so the files' schema travels with them.
+    write_schema_json: str | None = None
+    evolved_from_schema_id: int | None = None
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -50,6 +50,7 @@ class WriteOptions(msgspec.Struct, frozen=True, kw_only=True):
     # DataFrame writes to; replace_where only the rows matching a filter.
     overwrite_mode: str = "static"
     replace_where: str | None = None
+    merge_schema: bool = False  # evolve the table's schema to accept the DataFrame, with the write
     operation: str = "append"
     primary_key: tuple[str, ...] | None = None
     op_column: str | None = None
@@ -82,6 +83,7 @@ _SIMPLE = {
     "branch",
     "overwrite_mode",
     "replace_where",
+    "merge_schema",
 }
 # Summary keys a commit computes itself (Iceberg's counters and totals, the operation).
 _RESERVED_SUMMARY_KEYS = {
@@ -92,7 +94,7 @@ _RESERVED_SUMMARY_KEYS = {
 # Spark passes the save()/start() argument as `path`; it means the table name.
 _ALIASES = {  # Delta's and Iceberg's Spark writer's names
     "path": "table", "txnappid": "txn_app_id", "txnversion": "txn_version", "replacewhere": "replace_where",
-    "partitionoverwritemode": "overwrite_mode",
+    "partitionoverwritemode": "overwrite_mode", "mergeschema": "merge_schema", "merge-schema": "merge_schema",
 }
 # Options Spark itself consumes and still forwards to the data source.
 _SPARK_OWNED = {"checkpointlocation", "queryname"}
@@ -238,6 +240,8 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
         kwargs["target_file_size_bytes"] = _int_option("target_file_size_bytes", values["target_file_size_bytes"])
     if "progress" in values:
         kwargs["progress"] = _bool_option("progress", values["progress"])
+    if "merge_schema" in values:
+        kwargs["merge_schema"] = _bool_option("merge_schema", values["merge_schema"])
     app_id, version = values.get("txn_app_id", "").strip(), values.get("txn_version")
     if bool(app_id) != (version is not None):
         given, missing = ("txn_app_id", "txn_version") if app_id else ("txn_version", "txn_app_id")

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyspark
 from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.update import TableUpdate
 from pyroaring import BitMap64
 
 from lakesink_datasource.catalog import loader, sql_commit
@@ -29,6 +31,7 @@ from lakesink_datasource.commit import cleanup
 from lakesink_datasource.commit.data_files import data_file
 from lakesink_datasource.commit.deletion_vectors import PendingDeletes
 from lakesink_datasource.commit.overwrite import OverwriteScope
+from lakesink_datasource.commit.schema_update import schema_updates
 from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
 from lakesink_datasource.commit.swap import PreparedCommit, swap_in
 from lakesink_datasource.commit.validation import ConflictError
@@ -174,9 +177,28 @@ def _overwrite_scope(plan: WritePlan) -> OverwriteScope | None:
     return OverwriteScope("partitions" if plan.options.overwrite_mode == "dynamic" else "table")
 
 
+@dataclass(frozen=True)
+class _WrittenSchema:
+    """The staged schema the batch's files were written with, and the one it evolved from."""
+
+    schema: Schema
+    evolved_from: int
+
+
+def _written_schema(results: list[TaskResult]) -> _WrittenSchema | None:
+    staged = {(r.write_schema_json, r.evolved_from_schema_id) for r in results if r.write_schema_json is not None}
+    if len(staged) > 1:
+        raise CommitError("the tasks of this batch wrote with different evolved schemas; the batch is refused (restart it)")
+    if not staged:
+        return None
+    ((schema_json, evolved_from),) = staged
+    assert schema_json is not None and evolved_from is not None
+    return _WrittenSchema(Schema.model_validate_json(schema_json), evolved_from)
+
+
 def _attempt(
     producer: SnapshotProducer, plan: WritePlan, table: Table, attempt: int, extra: dict[str, str],
-    query_id: str | None, batch_id: int | None,
+    query_id: str | None, batch_id: int | None, written: _WrittenSchema | None = None,
 ) -> PreparedCommit:
     base = table.metadata
     expired: list[int] = []
@@ -185,8 +207,14 @@ def _attempt(
         settings = TableSettings.of({**base.properties, **plan.options.table_properties}, base.location)
         now_ms = int(time.time() * 1000)
         expired = snapshots_to_expire(base, now_ms, settings.max_snapshot_age_ms, settings.min_snapshots_to_keep, adds_head=True)
-    snapshot = producer.produce(base, attempt, extra)
-    return PreparedCommit(base, snapshot, _pending_properties(plan, base, query_id, batch_id), expired, plan.options.branch)
+    schema: Schema | None = None
+    schema_changes: list[TableUpdate] = []
+    if written is not None:
+        schema, schema_changes = schema_updates(base, written.schema, written.evolved_from)
+    snapshot = producer.produce(base, attempt, extra, schema=schema)
+    return PreparedCommit(
+        base, snapshot, _pending_properties(plan, base, query_id, batch_id), expired, plan.options.branch, schema_changes
+    )
 
 
 def _after_commit(table: Table, before: Table, attempt: PreparedCommit) -> int:
@@ -241,6 +269,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
         return CommitOutcome(None, "nothing to commit", 0, stats)
 
     producer = SnapshotProducer(table.io, metadata, delta, branch=plan.options.branch)
+    written_schema = _written_schema(results)
     extra = _extra_summary(min(write_ids), query_id, batch_id, stats, plan.options)
     hosts = sorted({r.host for r in results if r.host})
     if hosts:
@@ -255,7 +284,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
         fault_point("before_commit", batch_id)
         extra[keys.COMMIT_PREPARE_SECONDS] = f"{time.perf_counter() - started:.3f}"
         try:
-            attempt = _attempt(producer, plan, table, attempt_number, extra, query_id, batch_id)
+            attempt = _attempt(producer, plan, table, attempt_number, extra, query_id, batch_id, written_schema)
         except ConflictError as exc:
             producer.cleanup(committed_attempt=None)
             raise CommitError(str(exc)) from exc

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntry, ManifestFile
+from pyiceberg.schema import Schema
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 
@@ -123,11 +124,16 @@ class SnapshotProducer:
         self._written: dict[int, list[str]] = defaultdict(list)
         self._attempt = -1
         self.last: _Attempt = _Attempt()
+        self._schema: Schema = metadata.schema()
 
     # -- the template ---------------------------------------------------------------------
 
-    def produce(self, base: TableMetadata, attempt: int, extra_summary: Mapping[str, str]) -> Snapshot:
-        """Build the snapshot against `base` (the table's current state)."""
+    def produce(
+        self, base: TableMetadata, attempt: int, extra_summary: Mapping[str, str], schema: Schema | None = None
+    ) -> Snapshot:
+        """Build the snapshot against `base` (the table's current state). `schema`: the schema
+        current after this commit when it changes it (merge_schema), else the base's."""
+        self._schema = schema or base.schema()
         if self._added_manifests is None:
             self._attempt = -1
             self._added_manifests = self._write_added(base)
@@ -268,7 +274,7 @@ class SnapshotProducer:
             self._io,
             self._manifest_location(),
             spec=base.specs()[manifest.partition_spec_id],
-            schema=base.schema(),
+            schema=self._schema,
             snapshot_id=self.snapshot_id,
             format_version=base.format_version,
             content=manifest.content,
@@ -312,7 +318,7 @@ class SnapshotProducer:
             timestamp_ms=int(time.time() * 1000),
             manifest_list=list_location,
             summary=Summary(self._delta.operation(), **properties),
-            schema_id=base.current_schema_id,
+            schema_id=self._schema.schema_id,
             first_row_id=first_row_id,
             added_rows=writer.added_rows,
         )
@@ -332,7 +338,7 @@ class SnapshotProducer:
                 self._io,
                 self._manifest_location(),
                 spec=base.specs()[spec_id],
-                schema=base.schema(),
+                schema=self._schema,
                 snapshot_id=self.snapshot_id,
                 format_version=base.format_version,
                 content=content,
@@ -355,7 +361,7 @@ class SnapshotProducer:
             self._io,
             self._manifest_location(),
             spec=base.specs()[spec_id],
-            schema=base.schema(),
+            schema=self._schema,
             snapshot_id=self.snapshot_id,
             format_version=base.format_version,
             content=content,

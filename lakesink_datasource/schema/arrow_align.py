@@ -8,6 +8,7 @@ purpose: they are what Spark sends, so no per-batch offset widening is needed.
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 
@@ -37,6 +38,46 @@ def table_arrow_schema(schema: Schema) -> pa.Schema:
     return pa.schema([_small_field(f) for f in schema_to_pyarrow(schema, include_field_ids=True)])
 
 
+def _has_struct(dt: pa.DataType) -> bool:
+    if pa.types.is_struct(dt):
+        return True
+    if pa.types.is_list(dt) or pa.types.is_large_list(dt):
+        return _has_struct(dt.value_type)
+    if pa.types.is_map(dt):
+        return _has_struct(dt.key_type) or _has_struct(dt.item_type)
+    return False
+
+
+def align_array(column: pa.Array, target: pa.DataType) -> pa.Array:
+    """`column` as `target`: structs field by field by name (case-insensitive, fields the
+    DataFrame lacks as nulls, since the table's struct may have gained fields), everything
+    else by Arrow's cast."""
+    if column.type.equals(target):
+        return column
+    if not _has_struct(target):
+        return column.cast(target)
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if pa.types.is_struct(target) and pa.types.is_struct(column.type):
+        by_name = {column.type.field(i).name.lower(): i for i in range(column.type.num_fields)}
+        fields = [target.field(i) for i in range(target.num_fields)]
+        children = [
+            pa.nulls(len(column), f.type) if f.name.lower() not in by_name else align_array(column.field(by_name[f.name.lower()]), f.type)
+            for f in fields
+        ]
+        return pa.StructArray.from_arrays(children, fields=fields, mask=column.is_null() if column.null_count else None)
+    if pa.types.is_list(target) and (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+        values = align_array(column.values, target.value_type)
+        offsets = column.offsets.cast(pa.int32())
+        return pa.ListArray.from_arrays(offsets, values, type=target, mask=column.is_null() if column.null_count else None)
+    if pa.types.is_map(target) and pa.types.is_map(column.type):
+        keys = align_array(column.keys, target.key_type)
+        items = align_array(column.items, target.item_type)
+        aligned = pa.MapArray.from_arrays(column.offsets, keys, items, type=target)
+        return aligned if not column.null_count else pc.if_else(column.is_null(), pa.nulls(len(column), target), aligned)
+    return column.cast(target)
+
+
 class BatchAligner:
     """Turns one Spark Arrow batch into a Table of the table's Arrow schema."""
 
@@ -61,6 +102,6 @@ class BatchAligner:
                     f"this batch hold null in it; drop or fill them first, e.g. df.na.drop(subset=['{source}'])"
                 )
             if not column.type.equals(field.type):
-                column = column.cast(field.type)
+                column = align_array(column, field.type)
             columns.append(column)
         return pa.Table.from_arrays(columns, schema=self._target)

@@ -40,7 +40,8 @@ class UnsupportedTypeError(SchemaError):
     pass
 
 
-def _convert(path: str, dt: T.DataType, ids: Iterator[int]) -> IcebergType:
+def convert(path: str, dt: T.DataType, ids: Iterator[int]) -> IcebergType:
+    """The Iceberg type of Spark type `dt` (column `path`, for errors), nested ids from `ids`."""
     # Spark's TimestampType is an instant (Iceberg timestamptz), TimestampNTZType a
     # local date-time (Iceberg timestamp): the same mapping Iceberg's Spark runtime uses.
     simple: list[tuple[type, IcebergType]] = [
@@ -68,14 +69,14 @@ def _convert(path: str, dt: T.DataType, ids: Iterator[int]) -> IcebergType:
         return DecimalType(dt.precision, dt.scale)
     if isinstance(dt, T.ArrayType):
         element_id = next(ids)
-        return ListType(element_id, _convert(f"{path}.element", dt.elementType, ids), element_required=not dt.containsNull)
+        return ListType(element_id, convert(f"{path}.element", dt.elementType, ids), element_required=not dt.containsNull)
     if isinstance(dt, T.MapType):
         key_id, value_id = next(ids), next(ids)
         return MapType(
             key_id,
-            _convert(f"{path}.key", dt.keyType, ids),
+            convert(f"{path}.key", dt.keyType, ids),
             value_id,
-            _convert(f"{path}.value", dt.valueType, ids),
+            convert(f"{path}.value", dt.valueType, ids),
             value_required=not dt.valueContainsNull,
         )
     if isinstance(dt, T.StructType):
@@ -91,7 +92,7 @@ def _fields(prefix: str, struct: T.StructType, ids: Iterator[int]) -> list[Neste
     out = []
     for f in struct.fields:
         field_id = next(ids)
-        out.append(NestedField(field_id, f.name, _convert(prefix + f.name, f.dataType, ids), required=not f.nullable))
+        out.append(NestedField(field_id, f.name, convert(prefix + f.name, f.dataType, ids), required=not f.nullable))
     return out
 
 
@@ -127,7 +128,7 @@ def check_dataframe_columns(struct: T.StructType) -> None:
             raise SchemaError(f"DataFrame columns '{other}' and '{f.name}' differ only in case (or repeat): rename one")
 
 
-def _compatible(source: IcebergType, target: IcebergType) -> bool:
+def compatible(source: IcebergType, target: IcebergType) -> bool:
     if source == target:
         return True
     if isinstance(source, IntegerType) and isinstance(target, LongType):
@@ -137,14 +138,19 @@ def _compatible(source: IcebergType, target: IcebergType) -> bool:
     if isinstance(source, DecimalType) and isinstance(target, DecimalType):
         return source.scale == target.scale and source.precision <= target.precision
     if isinstance(source, ListType) and isinstance(target, ListType):
-        return _compatible(source.element_type, target.element_type)
+        return compatible(source.element_type, target.element_type)
     if isinstance(source, MapType) and isinstance(target, MapType):
-        return _compatible(source.key_type, target.key_type) and _compatible(source.value_type, target.value_type)
+        return compatible(source.key_type, target.key_type) and compatible(source.value_type, target.value_type)
     if isinstance(source, StructType) and isinstance(target, StructType):
-        # Nested structs are cast by position, so they must match name for name.
-        if [f.name for f in source.fields] != [f.name for f in target.fields]:
-            return False
-        return all(_compatible(s.field_type, t.field_type) for s, t in zip(source.fields, target.fields))
+        # Nested fields match by name (as top-level columns do): each one sent must exist and
+        # fit; the target's fields not sent are written as null, so they must be optional.
+        targets = {f.name.lower(): f for f in target.fields}
+        sent = {f.name.lower() for f in source.fields}
+        for f in source.fields:
+            t = targets.get(f.name.lower())
+            if t is None or not compatible(f.field_type, t.field_type):
+                return False
+        return all(not t.required for name, t in targets.items() if name not in sent)
     return False
 
 
@@ -166,10 +172,10 @@ def column_mapping(struct: T.StructType, table_schema: Schema, ignore: tuple[str
         if target is None:
             raise SchemaError(
                 f"column '{spark_field.name}' is not in the table (table columns: "
-                f"{', '.join(f.name for f in table_schema.fields)}); lakesink does not evolve the schema"
+                f"{', '.join(f.name for f in table_schema.fields)}); option merge_schema=true adds it"
             )
-        source_type = _convert(spark_field.name, spark_field.dataType, ids)
-        if not _compatible(source_type, target.field_type):
+        source_type = convert(spark_field.name, spark_field.dataType, ids)
+        if not compatible(source_type, target.field_type):
             raise SchemaError(
                 f"column '{spark_field.name}' has type {spark_field.dataType.simpleString()} ({source_type}), "
                 f"which cannot be written to table column '{target.name}' of type {target.field_type}"
@@ -179,6 +185,9 @@ def column_mapping(struct: T.StructType, table_schema: Schema, ignore: tuple[str
     for f in table_schema.fields:
         source = source_by_table.get(f.name)
         if source is None and f.required:
-            raise SchemaError(f"required table column '{f.name}' is missing from the DataFrame")
+            raise SchemaError(
+                f"required table column '{f.name}' is missing from the DataFrame (add it, or write with option "
+                "merge_schema=true, which makes it optional)"
+            )
         mapping.append(source)
     return mapping

@@ -8,6 +8,8 @@ catalog, and so a task can tell that its batch was already committed.
 from __future__ import annotations
 
 import msgspec
+from pyiceberg.schema import Schema
+from pyiceberg.table.metadata import TableMetadata
 
 from lakesink_datasource.catalog.loader import CatalogConfig
 from lakesink_datasource.options import WriteOptions
@@ -35,3 +37,15 @@ class WritePlan(msgspec.Struct, frozen=True, kw_only=True):
     column_sources: list[str | None]  # per table column, the DataFrame column feeding it
     planned_snapshot_id: int | None
     keyed: KeyedPlan | None = None
+    # merge_schema: the evolved schema the tasks write with (JSON; staged in the table, not
+    # current yet) and the id of the schema it evolved from. None: the table's current schema.
+    write_schema_json: str | None = None
+    evolved_from_schema_id: int | None = None
+
+
+def write_schema(plan: WritePlan, metadata: TableMetadata) -> Schema:
+    """The schema the write's files are written with: the staged, evolved one or the
+    table's current one."""
+    if plan.write_schema_json is not None:
+        return Schema.model_validate_json(plan.write_schema_json)
+    return metadata.schema()

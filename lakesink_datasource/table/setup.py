@@ -23,9 +23,11 @@ from lakesink_datasource.iceberg.history import branch_head
 from lakesink_datasource.iceberg.properties import CREATE_DEFAULTS, FORMAT_VERSION, PropertyError, TableSettings
 from lakesink_datasource.iceberg.row_filter import FilterError, parse_filter
 from lakesink_datasource.options import KEYED_OPERATIONS, OptionError, WriteOptions
+from lakesink_datasource.schema.evolution import describe_differences, merge_schema
 from lakesink_datasource.schema.spark_types import SchemaError, check_dataframe_columns, column_mapping, spark_to_iceberg_schema
 from lakesink_datasource.table.partition_spec import describe_spec, parse_partition_spec, same_layout
 from lakesink_datasource.table.plan import KeyedPlan, WritePlan
+from lakesink_datasource.table.schema_staging import stage_evolution
 
 
 def load_table(catalog: Catalog, identifier: str) -> Table | None:
@@ -215,6 +217,29 @@ def _plan_keys(options: WriteOptions, spark_schema: StructType, table: Table) ->
     )
 
 
+def _key_columns(table: Table, keyed: KeyedPlan | None) -> tuple[str, ...]:
+    if keyed is not None:
+        return keyed.table_key_columns
+    schema = table.schema()
+    return tuple(schema.find_column_name(i) or "" for i in sorted(schema.identifier_field_ids))
+
+
+def _write_schema(options: WriteOptions, spark_schema: StructType, table: Table, keyed: KeyedPlan | None) -> Schema:
+    """The schema this write's files get: the table's, or with `merge_schema` the evolved one
+    (not staged yet). A difference without `merge_schema` is refused here, named."""
+    stored = _stored_columns(options, spark_schema)
+    metadata = table.metadata
+    if not options.merge_schema:
+        differences = describe_differences(table.schema(), stored, format_version=metadata.format_version)
+        if differences is not None:
+            raise SchemaError(f"table {options.table}: {differences}")
+        return table.schema()
+    return merge_schema(
+        table.schema(), stored, last_column_id=metadata.last_column_id, format_version=metadata.format_version,
+        key_columns=_key_columns(table, keyed),
+    ).schema
+
+
 def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool) -> WritePlan:
     # Validate everything that does not need the table first, so a bad option never
     # creates a table as a side effect.
@@ -225,6 +250,7 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
     parse_partition_spec(options.partition_by, probe)
     table = resolve_table(options, spark_schema, create=False)
     _check_filter(options, table.schema() if table is not None else probe)
+    created = table is None
     if table is not None:
         _check_layout_matches(options, table)
         _check_branch(options, table)
@@ -243,7 +269,16 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
     except PropertyError as exc:
         raise OptionError(f"{exc} (table {options.table}); fix it with property.{exc.name}=...") from None
     keyed = _plan_keys(options, spark_schema, table)
-    sources = _column_sources(options, spark_schema, table.schema())
+    write_schema = table.schema() if created else _write_schema(options, spark_schema, table, keyed)
+    sources = _column_sources(options, spark_schema, write_schema)
+    staged = None
+    if write_schema is not table.schema():
+        # Every check passed: only now is the evolved schema staged (its field ids reserved,
+        # not visible to readers until the data commit makes it current).
+        staged = stage_evolution(table, _stored_columns(options, spark_schema), _key_columns(table, keyed))
+        if staged is not None:
+            table = staged.table
+            sources = _column_sources(options, spark_schema, staged.schema)
     current = branch_head(table.metadata, options.branch)
     return WritePlan(
         write_id=uuid.uuid4().hex,
@@ -257,6 +292,8 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
         column_sources=sources,
         planned_snapshot_id=current.snapshot_id if current else None,
         keyed=keyed,
+        write_schema_json=staged.schema.model_dump_json() if staged is not None else None,
+        evolved_from_schema_id=staged.evolved_from if staged is not None else None,
     )
 
 

@@ -28,7 +28,7 @@ from lakesink_datasource.io.rolling_writer import STREAM_BUFFER_BYTES, Partition
 from lakesink_datasource.messages import LakeSinkCommitMessage, TaskResult, TaskStats
 from lakesink_datasource.schema.arrow_align import BatchAligner, table_arrow_schema
 from lakesink_datasource.table import idempotency, metadata_cache
-from lakesink_datasource.table.plan import WritePlan
+from lakesink_datasource.table.plan import WritePlan, write_schema
 from lakesink_datasource.write.changes import KeyedInputError
 from lakesink_datasource.write.keyed import KeyedWriter
 
@@ -136,6 +136,8 @@ def write_task(
                 attempt=who.attempt,
                 planned_metadata_location=plan.metadata_location,
                 planned_snapshot_id=plan.planned_snapshot_id,
+                write_schema_json=plan.write_schema_json,
+                evolved_from_schema_id=plan.evolved_from_schema_id,
                 **kwargs,
             )
         )
@@ -148,7 +150,7 @@ def write_task(
             pass
         return result(skipped=True)
 
-    schema = metadata.schema()
+    schema = write_schema(plan, metadata)
     spec = metadata.spec()
     arrow_schema = table_arrow_schema(schema)
     aligner = BatchAligner(arrow_schema, plan.column_sources, plan.keyed.table_key_columns if plan.keyed is not None else ())

@@ -127,3 +127,30 @@ def test_txn_options_on_a_streaming_write_are_refused_before_a_table_is_created(
                  .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
         query.awaitTermination()
     assert not Path(warehouse, "db", "s").exists()
+
+
+def test_a_stream_restarted_with_a_wider_source_schema_evolves_the_table(spark, tmp_path: Path, warehouse: str) -> None:
+    source, checkpoint = tmp_path / "source", tmp_path / "checkpoint"
+    source.mkdir()
+    narrow = pa.schema([("id", pa.int64()), ("n", pa.int32())])
+    wide = pa.schema([("id", pa.int64()), ("n", pa.int64()), ("extra", pa.string())])
+
+    def run(ddl: str) -> None:
+        query = (spark.readStream.schema(ddl).option("maxFilesPerTrigger", 1).parquet(str(source)).writeStream.format("lakesink")
+                 .option("checkpointLocation", str(checkpoint)).option("table", "db.evolving").option("warehouse", warehouse)
+                 .option("merge_schema", "true").trigger(availableNow=True).start())
+        query.awaitTermination()
+        assert query.exception() is None
+
+    pq.write_table(pa.Table.from_pylist([{"id": 1, "n": 10}, {"id": 2, "n": 20}], schema=narrow), source / "part-0000.parquet")
+    run("id long, n int")
+    # Upstream added a column and widened n: the restarted query goes on from its checkpoint.
+    pq.write_table(pa.Table.from_pylist([{"id": 3, "n": 2**40, "extra": "x"}], schema=wide), source / "part-0001.parquet")
+    run("id long, n long, extra string")
+
+    table = load(warehouse, "db.evolving")
+    assert {f.name: str(f.field_type) for f in table.schema().fields} == {"id": "long", "n": "long", "extra": "string"}
+    expected = [{"id": 1, "n": 10, "extra": None}, {"id": 2, "n": 20, "extra": None}, {"id": 3, "n": 2**40, "extra": "x"}]
+    assert_readers_see(warehouse, "db.evolving", expected_rows(expected, ["id", "n", "extra"]), ["id", "n", "extra"])
+    assert [s.summary[EPOCH_ID] for s in table.metadata.snapshots] == ["0", "1"]
+    assert check_table(table) == []

@@ -1,0 +1,62 @@
+"""Stage an evolved schema before the tasks write (`merge_schema`).
+
+The evolved schema is added to the table's schema list without becoming current: readers see
+no change, but its new field ids are taken (`last-column-id` moves past them), so files written
+with it can never meet another column under the same id. The data commit makes it current
+(`commit/schema_update.py`); a write that never commits leaves an unused schema entry behind,
+which Iceberg allows and any engine's metadata cleanup may drop.
+"""
+
+from __future__ import annotations
+
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.table.update import AddSchemaUpdate, AssertCurrentSchemaId, AssertLastAssignedFieldId
+from pyspark.sql.types import StructType
+
+from lakesink_datasource.catalog import sql_commit
+from lakesink_datasource.schema.evolution import merge_schema
+
+_ATTEMPTS = 10
+
+
+class StagedSchema:
+    def __init__(self, table: Table, schema: Schema, evolved_from: int, changes: list[str]):
+        self.table = table  # as the staging commit left it
+        self.schema = schema
+        self.evolved_from = evolved_from
+        self.changes = changes
+
+
+def stage_evolution(table: Table, incoming: StructType, key_columns: tuple[str, ...]) -> StagedSchema | None:
+    """Stage the schema that accepts `incoming` (None when the current one already does)."""
+    for _ in range(_ATTEMPTS):
+        metadata = table.metadata
+        current = metadata.schema()
+        evolution = merge_schema(
+            current, incoming, last_column_id=metadata.last_column_id, format_version=metadata.format_version,
+            key_columns=key_columns,
+        )
+        if not evolution.changed:
+            return None
+        schema = Schema(
+            *evolution.schema.fields,
+            schema_id=max(s.schema_id for s in metadata.schemas) + 1,
+            identifier_field_ids=list(current.identifier_field_ids),
+        )
+        try:
+            response = sql_commit.commit(
+                table,
+                requirements=(
+                    AssertCurrentSchemaId(current_schema_id=current.schema_id),
+                    AssertLastAssignedFieldId(last_assigned_field_id=metadata.last_column_id),
+                ),
+                updates=(AddSchemaUpdate(schema_=schema),),
+            )
+        except CommitFailedException:
+            table = sql_commit.load_table(table.catalog, ".".join(table.name()))
+            continue
+        staged = Table(table.name(), metadata=response.metadata, metadata_location=response.metadata_location, io=table.io, catalog=table.catalog)
+        return StagedSchema(staged, schema, current.schema_id, evolution.changes)
+    raise CommitFailedException(f"could not stage the evolved schema of {'.'.join(table.name())}: other writers kept changing it")
