@@ -9,6 +9,8 @@ which Iceberg allows and any engine's metadata cleanup may drop.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -21,12 +23,12 @@ from lakesink_datasource.schema.evolution import merge_schema
 _ATTEMPTS = 10
 
 
+@dataclass(frozen=True)
 class StagedSchema:
-    def __init__(self, table: Table, schema: Schema, evolved_from: int, changes: list[str]):
-        self.table = table  # as the staging commit left it
-        self.schema = schema
-        self.evolved_from = evolved_from
-        self.changes = changes
+    table: Table  # as the staging commit left it
+    schema: Schema
+    evolved_from: int  # id of the schema it evolved from
+    changes: list[str]
 
 
 def stage_evolution(table: Table, incoming: StructType, key_columns: tuple[str, ...]) -> StagedSchema | None:

@@ -23,7 +23,7 @@ from lakesink_datasource.iceberg.history import branch_head
 from lakesink_datasource.iceberg.properties import CREATE_DEFAULTS, FORMAT_VERSION, PropertyError, TableSettings
 from lakesink_datasource.iceberg.row_filter import FilterError, parse_filter
 from lakesink_datasource.options import KEYED_OPERATIONS, OptionError, WriteOptions
-from lakesink_datasource.schema.evolution import describe_differences, merge_schema
+from lakesink_datasource.schema.evolution import Evolution, describe_differences, merge_schema
 from lakesink_datasource.schema.spark_types import SchemaError, check_dataframe_columns, column_mapping, spark_to_iceberg_schema
 from lakesink_datasource.table.partition_spec import describe_spec, parse_partition_spec, same_layout
 from lakesink_datasource.table.plan import KeyedPlan, WritePlan
@@ -224,20 +224,21 @@ def _key_columns(table: Table, keyed: KeyedPlan | None) -> tuple[str, ...]:
     return tuple(schema.find_column_name(i) or "" for i in sorted(schema.identifier_field_ids))
 
 
-def _write_schema(options: WriteOptions, spark_schema: StructType, table: Table, keyed: KeyedPlan | None) -> Schema:
-    """The schema this write's files get: the table's, or with `merge_schema` the evolved one
-    (not staged yet). A difference without `merge_schema` is refused here, named."""
+def _evolution(options: WriteOptions, spark_schema: StructType, table: Table, keyed: KeyedPlan | None) -> Evolution:
+    """How the table's schema must change for this write (nothing, or with `merge_schema` the
+    evolved schema, not staged yet). A difference without `merge_schema` is refused here,
+    named."""
     stored = _stored_columns(options, spark_schema)
     metadata = table.metadata
     if not options.merge_schema:
         differences = describe_differences(table.schema(), stored, format_version=metadata.format_version)
         if differences is not None:
             raise SchemaError(f"table {options.table}: {differences}")
-        return table.schema()
+        return Evolution(table.schema())
     return merge_schema(
         table.schema(), stored, last_column_id=metadata.last_column_id, format_version=metadata.format_version,
         key_columns=_key_columns(table, keyed),
-    ).schema
+    )
 
 
 def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool) -> WritePlan:
@@ -269,10 +270,10 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
     except PropertyError as exc:
         raise OptionError(f"{exc} (table {options.table}); fix it with property.{exc.name}=...") from None
     keyed = _plan_keys(options, spark_schema, table)
-    write_schema = table.schema() if created else _write_schema(options, spark_schema, table, keyed)
-    sources = _column_sources(options, spark_schema, write_schema)
+    evolution = Evolution(table.schema()) if created else _evolution(options, spark_schema, table, keyed)
+    sources = _column_sources(options, spark_schema, evolution.schema)
     staged = None
-    if write_schema is not table.schema():
+    if evolution.changed:
         # Every check passed: only now is the evolved schema staged (its field ids reserved,
         # not visible to readers until the data commit makes it current).
         staged = stage_evolution(table, _stored_columns(options, spark_schema), _key_columns(table, keyed))
