@@ -19,7 +19,7 @@ too, never kept half.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -31,7 +31,7 @@ from pyiceberg.table.snapshots import Snapshot
 from lakesink_datasource.commit.deletion_vectors import PendingDeletes
 from lakesink_datasource.iceberg.live_files import live_data_files
 from lakesink_datasource.iceberg.manifests import deleted_data_file
-from lakesink_datasource.iceberg.row_filter import Placement, matching_positions, parse_filter, place
+from lakesink_datasource.iceberg.row_filter import Placement, matching_positions, parse_filter, placer
 
 ScopeKind = Literal["table", "partitions", "filter"]
 
@@ -76,13 +76,14 @@ def replaced_by(
     out = Replaced(scope)
     if parent is None:
         return out
-    unpartitioned = all(not spec.fields for spec in base.specs().values())
+    specs = base.specs()
+    unpartitioned = all(not spec.fields for spec in specs.values())
     if scope.kind == "partitions":
         out.partitions = {_partition_of(f) for f in added}
         if not out.partitions:
             return out  # an empty dynamic overwrite replaces nothing
     row_filter = parse_filter(scope.filter_text or "", base.schema()) if scope.kind == "filter" else None
-    specs = base.specs()
+    placers: dict[int, Callable[[DataFile], Placement]] = {}
     for entry in live_data_files(io, parent):
         f = entry.data_file
         if scope.kind == "table" or (scope.kind == "partitions" and (unpartitioned or _partition_of(f) in out.partitions)):
@@ -90,7 +91,10 @@ def replaced_by(
             continue
         if row_filter is None:
             continue
-        placement = place(row_filter, specs[f.spec_id], f)
+        place = placers.get(f.spec_id)
+        if place is None:
+            place = placers[f.spec_id] = placer(row_filter, specs[f.spec_id])
+        placement = place(f)
         if placement is Placement.ALL:
             out.data_files.add(f.file_path)
         elif placement is Placement.SOME:

@@ -251,13 +251,11 @@ class SnapshotProducer:
 
                 def drop(e: ManifestEntry) -> bool:
                     return e.data_file.file_path in removed_files
-            live = read_entries(self._io, manifest)
-            removed = [e for e in live if drop(e)]
-            if removed:
-                others = [e for e in live if not drop(e)]
-                kept.append(self._rewrite(base, manifest, others, removed, state.counts))
-            else:
-                kept.append(manifest)
+            removed: list[ManifestEntry] = []
+            others: list[ManifestEntry] = []
+            for e in read_entries(self._io, manifest):
+                (removed if drop(e) else others).append(e)
+            kept.append(self._rewrite(base, manifest, others, removed, state.counts) if removed else manifest)
         return kept
 
     def _rewrite(

@@ -12,6 +12,7 @@ and inclusive metrics). Only a file that may hold both kinds of rows is read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -108,33 +109,42 @@ def matches(row_filter: RowFilter, rows: pa.Table) -> np.ndarray:
 _POSITION = "__lakesink_position"
 
 
-def place(row_filter: RowFilter, spec: PartitionSpec, data_file: DataFile) -> Placement:
-    """Where `data_file` stands against the filter, from its partition and column bounds."""
+def placer(row_filter: RowFilter, spec: PartitionSpec) -> Callable[[DataFile], Placement]:
+    """Where a data file of `spec` stands against the filter, from its partition and column
+    bounds. The projections and evaluators are built once per spec, not per file."""
     expression, schema = row_filter.unbound, row_filter.schema
     if isinstance(expression, AlwaysTrue):
-        return Placement.ALL
+        return lambda _: Placement.ALL
     if isinstance(expression, AlwaysFalse):
-        return Placement.NONE
+        return lambda _: Placement.NONE
+    may_partition = surely_partition = None
     if spec.fields:
         partition = Schema(*spec.partition_type(schema).fields)
-        may = inclusive_projection(schema, spec, case_sensitive=False)(expression)
-        if not expression_evaluator(partition, may, case_sensitive=False)(data_file.partition):
+        may_partition = expression_evaluator(partition, inclusive_projection(schema, spec, case_sensitive=False)(expression), case_sensitive=False)
+        surely_partition = expression_evaluator(partition, strict_projection(schema, spec, case_sensitive=False)(expression), case_sensitive=False)
+    may_rows = _InclusiveMetricsEvaluator(schema, expression, case_sensitive=False)
+    surely_rows = _StrictMetricsEvaluator(schema, expression, case_sensitive=False)
+
+    def place(data_file: DataFile) -> Placement:
+        if may_partition is not None and not may_partition(data_file.partition):
             return Placement.NONE
-        surely = strict_projection(schema, spec, case_sensitive=False)(expression)
-        if expression_evaluator(partition, surely, case_sensitive=False)(data_file.partition):
+        if surely_partition is not None and surely_partition(data_file.partition):
             return Placement.ALL
-    if not _InclusiveMetricsEvaluator(schema, expression, case_sensitive=False).eval(data_file):
-        return Placement.NONE
-    if _StrictMetricsEvaluator(schema, expression, case_sensitive=False).eval(data_file):
-        return Placement.ALL
-    return Placement.SOME
+        if not may_rows.eval(data_file):
+            return Placement.NONE
+        if surely_rows.eval(data_file):
+            return Placement.ALL
+        return Placement.SOME
+
+    return place
 
 
 def matching_positions(io: FileIO, path: str, row_filter: RowFilter) -> BitMap64:
     """Positions of the rows of data file `path` the filter matches (hidden rows included:
     hiding one twice changes nothing)."""
     schema = row_filter.schema
-    wanted = {f.field_id: f.name for f in schema.fields if f.name in filter_columns(row_filter)}
+    needed = set(filter_columns(row_filter))
+    wanted = {f.field_id: f.name for f in schema.fields if f.name in needed}
     with io.new_input(path).open() as stream:
         parquet = pq.ParquetFile(stream)
         by_id = field_ids(parquet.schema_arrow)

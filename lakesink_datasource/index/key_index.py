@@ -126,11 +126,16 @@ _STATE_ENCODER = msgspec.msgpack.Encoder()
 _STATE_DECODER = msgspec.msgpack.Decoder(IndexState)
 
 
+def _check_sequence_length(length: int) -> None:
+    # Undo records store value lengths as u16 with 0xFFFF meaning "absent".
+    if length >= _ABSENT - _LOCATION.size - 1:
+        raise ValueError(f"sequence value of {length} bytes is too long for the index")
+
+
 def pack_location(loc: Location) -> bytes:
     head = _LOCATION.pack(loc.file_ordinal, loc.position)
-    if loc.sequence is not None and len(loc.sequence) >= _ABSENT - len(head) - 1:
-        # Undo records store value lengths as u16 with 0xFFFF meaning "absent".
-        raise ValueError(f"sequence value of {len(loc.sequence)} bytes is too long for the index")
+    if loc.sequence is not None:
+        _check_sequence_length(len(loc.sequence))
     return head if loc.sequence is None else head + _SEQUENCE_MARKER + loc.sequence
 
 
@@ -149,6 +154,9 @@ def pack_positions(ordinal: int, positions: np.ndarray, sequences: Sequence[byte
     heads = [raw[i : i + size] for i in range(0, len(raw), size)]
     if sequences is None:
         return heads
+    lengths = [len(s) for s in sequences if s is not None]
+    if lengths:
+        _check_sequence_length(max(lengths))
     return [h if s is None else h + _SEQUENCE_MARKER + s for h, s in zip(heads, sequences)]
 
 
@@ -374,16 +382,12 @@ class KeyIndex:
 
         Within `puts` the last entry for a key wins.
         """
-        final: dict[bytes, bytes | None] = dict(
-            zip(self._fit_all([k for k, _ in puts]), [pack_location(loc) for _, loc in puts])
-        )
-        final.update(dict.fromkeys(self._fit_all(deletes)))
-        token_raw = token.encode()
-        self._write(lambda txn: self._apply_txn(txn, token_raw, final))
+        self.apply_packed(token, [k for k, _ in puts], [pack_location(loc) for _, loc in puts], deletes)
 
-    def apply_packed(self, token: str, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+    def apply_packed(self, token: str, keys: Sequence[bytes], values: Sequence[bytes], deletes: Sequence[bytes] = ()) -> None:
         """`apply` of puts whose locations are already packed (`pack_positions`)."""
         final: dict[bytes, bytes | None] = dict(zip(self._fit_all(keys), values))
+        final.update(dict.fromkeys(self._fit_all(deletes)))
         token_raw = token.encode()
         self._write(lambda txn: self._apply_txn(txn, token_raw, final))
 

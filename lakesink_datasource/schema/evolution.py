@@ -23,13 +23,8 @@ from dataclasses import dataclass, field
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
     DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
     IcebergType,
-    IntegerType,
     ListType,
-    LongType,
     MapType,
     NestedField,
     PrimitiveType,
@@ -55,15 +50,12 @@ class Evolution:
 
 
 def promotion(table: IcebergType, incoming: IcebergType, format_version: int) -> IcebergType | None:
-    """The wider type the table column becomes to hold `incoming`, if Iceberg allows it."""
-    if isinstance(table, IntegerType) and isinstance(incoming, LongType):
-        return incoming
-    if isinstance(table, FloatType) and isinstance(incoming, DoubleType):
-        return incoming
-    if (
-        isinstance(table, DecimalType) and isinstance(incoming, DecimalType)
-        and incoming.scale == table.scale and incoming.precision > table.precision
-    ):
+    """The wider type the table column becomes to hold `incoming`, if Iceberg allows it: the
+    widenings a write makes anyway (`compatible`: int -> long, float -> double, a decimal's
+    precision), seen from the table's side, plus date -> timestamp from format version 3."""
+    if table == incoming or not isinstance(table, PrimitiveType):
+        return None
+    if compatible(table, incoming):
         return incoming
     if isinstance(table, DateType) and isinstance(incoming, TimestampType) and format_version >= 3:
         return incoming
@@ -151,7 +143,7 @@ class _Merger:
             return table
         if compatible(incoming, table):
             return table
-        wider = promotion(table, incoming, self.format_version) if isinstance(table, PrimitiveType) else None
+        wider = promotion(table, incoming, self.format_version)
         if wider is not None and not key:
             self.changes.append(f"promoted {name} {table} -> {wider}")
             return wider

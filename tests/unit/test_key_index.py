@@ -17,6 +17,8 @@ from lakesink_datasource.index.key_index import (
     Location,
     drop_index,
     open_index,
+    pack_location,
+    pack_positions,
 )
 
 
@@ -392,3 +394,19 @@ def test_two_processes_write_the_same_index(tmp_path: Path) -> None:
         assert parent.count() == n + 1
     finally:
         drop_index(path)
+
+
+def test_a_sequence_too_long_for_the_undo_log_is_refused_by_every_packer(index: KeyIndex) -> None:
+    """Undo records store value lengths as u16: one sequence value too long must fail the
+    write, whether it comes one at a time, in bulk from a task, or from a catch-up."""
+    import numpy as np
+
+    too_long = b"x" * 70_000
+    with pytest.raises(ValueError, match="sequence value of 70000 bytes is too long for the index"):
+        pack_location(Location(1, 0, too_long))
+    with pytest.raises(ValueError, match="sequence value of 70000 bytes is too long for the index"):
+        pack_positions(1, np.array([0, 1], dtype=np.uint64), [b"ok", too_long])
+    with pytest.raises(ValueError, match="too long for the index"):
+        index.apply("t", [(key(1), Location(1, 0, too_long))], [])
+    assert index.lookup([key(1)]) == [None]
+    assert pack_positions(1, np.array([5], dtype=np.uint64), [None]) == [pack_location(Location(1, 5))]
