@@ -83,6 +83,9 @@ class TaskResult(msgspec.Struct, frozen=True):
     # Spark plans the commit's writer separately), so the files' schema travels with them.
     write_schema_json: str | None = None
     evolved_from_schema_id: int | None = None
+    # evolve_partition: the staged partition spec the files were written with (None: the
+    # table's default spec when the batch was planned); the commit makes it the default.
+    write_spec_id: int | None = None
 
 
 _encoder = msgspec.msgpack.Encoder()

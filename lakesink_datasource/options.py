@@ -51,6 +51,7 @@ class WriteOptions(msgspec.Struct, frozen=True, kw_only=True):
     overwrite_mode: str = "static"
     replace_where: str | None = None
     merge_schema: bool = False  # evolve the table's schema to accept the DataFrame, with the write
+    evolve_partition: bool = False  # a partition_by that differs from the table's spec becomes its new default
     operation: str = "append"
     primary_key: tuple[str, ...] | None = None
     op_column: str | None = None
@@ -84,6 +85,7 @@ _SIMPLE = {
     "overwrite_mode",
     "replace_where",
     "merge_schema",
+    "evolve_partition",
 }
 # Summary keys a commit computes itself (Iceberg's counters and totals, the operation).
 _RESERVED_SUMMARY_KEYS = {
@@ -242,6 +244,8 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
         kwargs["progress"] = _bool_option("progress", values["progress"])
     if "merge_schema" in values:
         kwargs["merge_schema"] = _bool_option("merge_schema", values["merge_schema"])
+    if "evolve_partition" in values:
+        kwargs["evolve_partition"] = _bool_option("evolve_partition", values["evolve_partition"])
     app_id, version = values.get("txn_app_id", "").strip(), values.get("txn_version")
     if bool(app_id) != (version is not None):
         given, missing = ("txn_app_id", "txn_version") if app_id else ("txn_version", "txn_app_id")

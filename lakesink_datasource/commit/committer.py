@@ -33,6 +33,7 @@ from lakesink_datasource.commit.deletion_vectors import PendingDeletes
 from lakesink_datasource.commit.overwrite import OverwriteScope
 from lakesink_datasource.commit.schema_update import schema_updates
 from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
+from lakesink_datasource.commit.spec_update import default_spec_updates
 from lakesink_datasource.commit.swap import PreparedCommit, swap_in
 from lakesink_datasource.commit.validation import ConflictError
 from lakesink_datasource.faults import fault_point
@@ -196,9 +197,17 @@ def _written_schema(results: list[TaskResult]) -> _WrittenSchema | None:
     return _WrittenSchema(Schema.model_validate_json(schema_json), evolved_from)
 
 
+def _written_spec(results: list[TaskResult]) -> int | None:
+    """The evolved partition spec the batch's files were written with (None: not evolved)."""
+    specs = {r.write_spec_id for r in results if r.write_spec_id is not None}
+    if len(specs) > 1:
+        raise CommitError("the tasks of this batch wrote with different partition specs; the batch is refused (restart it)")
+    return next(iter(specs), None)
+
+
 def _attempt(
     producer: SnapshotProducer, plan: WritePlan, table: Table, attempt: int, extra: dict[str, str],
-    query_id: str | None, batch_id: int | None, written: _WrittenSchema | None = None,
+    query_id: str | None, batch_id: int | None, written: _WrittenSchema | None = None, spec_id: int | None = None,
 ) -> PreparedCommit:
     base = table.metadata
     expired: list[int] = []
@@ -208,12 +217,14 @@ def _attempt(
         now_ms = int(time.time() * 1000)
         expired = snapshots_to_expire(base, now_ms, settings.max_snapshot_age_ms, settings.min_snapshots_to_keep, adds_head=True)
     schema: Schema | None = None
-    schema_changes: list[TableUpdate] = []
+    layout_changes: list[TableUpdate] = []
     if written is not None:
-        schema, schema_changes = schema_updates(base, written.schema, written.evolved_from)
+        schema, layout_changes = schema_updates(base, written.schema, written.evolved_from)
+    if spec_id is not None:
+        layout_changes += default_spec_updates(base, spec_id)
     snapshot = producer.produce(base, attempt, extra, schema=schema)
     return PreparedCommit(
-        base, snapshot, _pending_properties(plan, base, query_id, batch_id), expired, plan.options.branch, schema_changes
+        base, snapshot, _pending_properties(plan, base, query_id, batch_id), expired, plan.options.branch, layout_changes
     )
 
 
@@ -270,6 +281,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
 
     producer = SnapshotProducer(table.io, metadata, delta, branch=plan.options.branch)
     written_schema = _written_schema(results)
+    written_spec = _written_spec(results)
     extra = _extra_summary(min(write_ids), query_id, batch_id, stats, plan.options)
     hosts = sorted({r.host for r in results if r.host})
     if hosts:
@@ -284,7 +296,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
         fault_point("before_commit", batch_id)
         extra[keys.COMMIT_PREPARE_SECONDS] = f"{time.perf_counter() - started:.3f}"
         try:
-            attempt = _attempt(producer, plan, table, attempt_number, extra, query_id, batch_id, written_schema)
+            attempt = _attempt(producer, plan, table, attempt_number, extra, query_id, batch_id, written_schema, written_spec)
         except ConflictError as exc:
             producer.cleanup(committed_attempt=None)
             raise CommitError(str(exc)) from exc

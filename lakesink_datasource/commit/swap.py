@@ -36,7 +36,7 @@ class PreparedCommit:
     properties: dict[str, str] = field(default_factory=dict)
     expired: list[int] = field(default_factory=list)
     branch: str | None = None  # None: main
-    schema_updates: list[TableUpdate] = field(default_factory=list)  # make the files' schema current
+    layout_updates: list[TableUpdate] = field(default_factory=list)  # make the files' schema and spec current
 
 
 def swap_in(table: Table, prepared: PreparedCommit) -> Table:
@@ -44,7 +44,7 @@ def swap_in(table: Table, prepared: PreparedCommit) -> Table:
     if not); returns the table as committed."""
     branch = prepared.branch or "main"
     ref = prepared.base.refs.get(branch)
-    updates: list[TableUpdate] = list(prepared.schema_updates)
+    updates: list[TableUpdate] = list(prepared.layout_updates)
     if prepared.snapshot is not None:
         updates += [
             AddSnapshotUpdate(snapshot=prepared.snapshot),

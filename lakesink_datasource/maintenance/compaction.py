@@ -67,7 +67,7 @@ def plan_for(
     """The compaction worth doing on the table's current state, within `budget_bytes`."""
     metadata = table.metadata
     snapshot = metadata.current_snapshot()
-    spec = metadata.spec()
+    specs = metadata.specs()
     schema = metadata.schema()
     settings = TableSettings.of_table(metadata)
     dvs = live_position_deletes(table.io, snapshot)
@@ -75,12 +75,15 @@ def plan_for(
     stats: list[FileStats] = []
     for entry in live_data_files(table.io, snapshot):
         f = entry.data_file
-        if f.spec_id != spec.spec_id:
-            continue  # files of an older partition spec: a rewrite would need re-partitioning
         dv = dvs.get(f.file_path)
         inputs[f.file_path] = RewriteInput(entry, dv)
-        key = (f.spec_id, encode_partition(spec, schema, f.partition))
-        stats.append(FileStats(f.file_path, key, f.file_size_in_bytes, f.record_count, dv.data_file.record_count if dv else 0))
+        # Files of an earlier spec merge with the files of their own old partition; what
+        # they are rewritten into is laid out by the current spec (rewrite_files).
+        key = (f.spec_id, encode_partition(specs[f.spec_id], schema, f.partition))
+        stats.append(FileStats(
+            f.file_path, key, f.file_size_in_bytes, f.record_count, dv.data_file.record_count if dv else 0,
+            earlier_spec=f.spec_id != metadata.default_spec_id,
+        ))
     plan = plan_compaction(stats, target_file_size or settings.target_file_size_bytes, budget_bytes, tiered=tiered, min_files=min_files)
     return plan, inputs
 

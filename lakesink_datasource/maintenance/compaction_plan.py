@@ -7,7 +7,9 @@ a file's class is log4 of its live bytes (from 64 KiB up), and a partition merge
 of a class once it holds `MIN_INPUT_FILES` of them, so a byte is rewritten about once per
 class (log4(target / 64 KiB), ~7 for 512 MiB files) and a partition keeps at most about
 3 files per class. Files whose rows are mostly deleted are rewritten even alone (their
-DVs go with them), and fully deleted files are simply dropped.
+DVs go with them), and so are small files of an earlier partition spec (into the current
+one, so a stream's files converge on the evolved layout; large ones are left as they are,
+readable under their own spec). Fully deleted files are simply dropped.
 
 Each call picks work up to a byte budget (smallest classes first: they cost least and
 remove most files), so the time a micro-batch spends on compaction stays bounded. After a
@@ -41,6 +43,8 @@ class FileStats:
     size: int  # bytes on storage
     records: int
     deleted: int = 0  # rows hidden by its DV
+    # Laid out by an earlier partition spec: worth rewriting even alone (into the current one).
+    earlier_spec: bool = False
 
     @property
     def live_records(self) -> int:
@@ -53,6 +57,11 @@ class FileStats:
     @property
     def deleted_fraction(self) -> float:
         return self.deleted / self.records if self.records else 1.0
+
+    @property
+    def worth_alone(self) -> bool:
+        """Rewriting this file pays even with nothing to merge it with."""
+        return self.deleted_fraction >= DELETED_FRACTION_TO_REWRITE or self.earlier_spec
 
 
 @dataclass
@@ -98,7 +107,7 @@ def plan_compaction(
 
     candidates: list[tuple[int, RewriteGroup]] = []
     for (cls, partition), members in by_class.items():
-        if len(members) < min_group_files and not any(f.deleted_fraction >= DELETED_FRACTION_TO_REWRITE for f in members):
+        if len(members) < min_group_files and not any(f.worth_alone for f in members):
             continue
         # Oldest-first order is not known here; by path keeps the choice deterministic.
         members.sort(key=lambda f: f.path)
@@ -115,7 +124,7 @@ def plan_compaction(
     chosen: list[RewriteGroup] = []
     left = budget_bytes
     for _cls, group in sorted(candidates, key=lambda c: (c[0], -len(c[1].files))):
-        worth = len(group.files) >= 2 or any(f.deleted_fraction >= DELETED_FRACTION_TO_REWRITE for f in group.files)
+        worth = len(group.files) >= 2 or any(f.worth_alone for f in group.files)
         if worth and group.bytes <= left:
             chosen.append(group)
             left -= group.bytes

@@ -40,6 +40,7 @@ from lakesink_datasource.iceberg.row_lineage import (
     ROW_ID_FIELD_ID,
     field_ids,
 )
+from lakesink_datasource.io.partitioning import PartitionSplitter
 from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
 from lakesink_datasource.messages import DataFileMessage
 from lakesink_datasource.schema.arrow_align import align_array, table_arrow_schema
@@ -99,8 +100,9 @@ def rewrite_files(
     target_file_size: int,
     on_file: Callable[[RewriteInput], None] | None = None,
 ) -> tuple[list[DataFileMessage], Callable[[], list[str]]]:
-    """Write the live rows of `inputs` (all of the current spec) into new files, one
-    partition at a time; returns the new files and a function that deletes them."""
+    """Write the live rows of `inputs` into new files laid out by the current spec (files of
+    an earlier spec are re-partitioned); returns the new files and a function that deletes
+    them."""
     schema = metadata.schema()
     spec = metadata.spec()
     settings = TableSettings.of_table(metadata)
@@ -135,10 +137,16 @@ def rewrite_files(
         page_bytes=settings.parquet_page_bytes,
         dictionary_bytes=settings.parquet_dictionary_bytes,
     )
+    splitter = PartitionSplitter(spec, schema)
     try:
         for item in inputs:
-            key = encode_partition(spec, schema, item.entry.data_file.partition)
-            writer.write(key, live_rows_with_lineage(io, item, target))
+            rows = live_rows_with_lineage(io, item, target)
+            if item.entry.data_file.spec_id == spec.spec_id:
+                writer.write(encode_partition(spec, schema, item.entry.data_file.partition), rows)
+            else:
+                # A file of an earlier spec: its rows go to the current spec's partitions.
+                for key, part in splitter.split(rows):
+                    writer.write(key, part)
             if on_file is not None:
                 on_file(item)
         messages = writer.close()

@@ -8,6 +8,7 @@ catalog, and so a task can tell that its batch was already committed.
 from __future__ import annotations
 
 import msgspec
+from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table.metadata import TableMetadata
 
@@ -41,6 +42,8 @@ class WritePlan(msgspec.Struct, frozen=True, kw_only=True):
     # current yet) and the id of the schema it evolved from. None: the table's current schema.
     write_schema_json: str | None = None
     evolved_from_schema_id: int | None = None
+    # evolve_partition: the staged spec the tasks write with (None: the table's default spec).
+    write_spec_id: int | None = None
 
 
 def write_schema(plan: WritePlan, metadata: TableMetadata) -> Schema:
@@ -49,3 +52,11 @@ def write_schema(plan: WritePlan, metadata: TableMetadata) -> Schema:
     if plan.write_schema_json is not None:
         return Schema.model_validate_json(plan.write_schema_json)
     return metadata.schema()
+
+
+def write_spec(plan: WritePlan, metadata: TableMetadata) -> PartitionSpec:
+    """The partition spec the write's files are laid out by: the staged, evolved one or the
+    table's default one."""
+    if plan.write_spec_id is not None:
+        return metadata.specs()[plan.write_spec_id]
+    return metadata.spec()

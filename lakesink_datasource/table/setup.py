@@ -28,6 +28,7 @@ from lakesink_datasource.schema.spark_types import SchemaError, check_dataframe_
 from lakesink_datasource.table.partition_spec import describe_spec, parse_partition_spec, same_layout
 from lakesink_datasource.table.plan import KeyedPlan, WritePlan
 from lakesink_datasource.table.schema_staging import stage_evolution
+from lakesink_datasource.table.spec_staging import stage_spec
 
 
 def load_table(catalog: Catalog, identifier: str) -> Table | None:
@@ -99,22 +100,28 @@ def _find(struct: StructType, name: str) -> str | None:
     return next((f.name for f in struct.fields if f.name.lower() == name.lower()), None)
 
 
-def _check_layout_matches(options: WriteOptions, table: Table) -> None:
+def _check_layout_matches(options: WriteOptions, table: Table, schema: Schema) -> PartitionSpec | None:
     """`partition_by` and `format_version` describe the table a write creates; on an existing
-    table they must agree with it rather than be silently ignored."""
-    if options.partition_by is not None:
-        wanted = parse_partition_spec(options.partition_by, table.schema())
-        if not same_layout(wanted, table.spec()):
-            raise OptionError(
-                f"option 'partition_by' = {options.partition_by!r} differs from the partitioning of table {options.table} "
-                f"({describe_spec(table.spec(), table.schema())}); leave the option out to write with the table's own "
-                "partitioning (lakesink cannot change an existing table's partition spec yet)"
-            )
+    table they must agree with it rather than be silently ignored. With `evolve_partition` a
+    different `partition_by` is the spec to evolve to: returned (parsed against `schema`, the
+    schema the write will have), else None."""
     if options.format_version is not None and options.format_version != table.metadata.format_version:
         raise OptionError(
             f"option 'format_version' = {options.format_version} differs from table {options.table}, which is format "
             f"version {table.metadata.format_version}; leave the option out (it applies when lakesink creates a table)"
         )
+    if options.partition_by is None:
+        return None
+    wanted = parse_partition_spec(options.partition_by, schema)
+    if same_layout(wanted, table.spec()):
+        return None
+    if not options.evolve_partition:
+        raise OptionError(
+            f"option 'partition_by' = {options.partition_by!r} differs from the partitioning of table {options.table} "
+            f"({describe_spec(table.spec(), table.schema())}); set evolve_partition=true to make it the table's new "
+            "partitioning (files already written keep theirs), or leave partition_by out to write with the table's own"
+        )
+    return wanted
 
 
 def _check_write_target(options: WriteOptions, overwrite: bool) -> None:
@@ -123,6 +130,13 @@ def _check_write_target(options: WriteOptions, overwrite: bool) -> None:
         raise OptionError(
             "option 'replace_where' applies to overwrites: use mode('overwrite') (it then replaces only the rows the "
             "filter matches), or leave it out to append"
+        )
+    if options.evolve_partition and options.partition_by is None:
+        raise OptionError("option 'evolve_partition' needs option 'partition_by': the partitioning to evolve the table to")
+    if options.evolve_partition and options.branch is not None:
+        raise OptionError(
+            "option 'evolve_partition' cannot be used with option 'branch': a table's partitioning is shared by all "
+            "its branches; evolve it on main"
         )
     if options.branch is not None and options.operation in KEYED_OPERATIONS:
         raise OptionError(
@@ -253,7 +267,6 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
     _check_filter(options, table.schema() if table is not None else probe)
     created = table is None
     if table is not None:
-        _check_layout_matches(options, table)
         _check_branch(options, table)
     else:
         table = resolve_table(options, spark_schema)
@@ -271,6 +284,7 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
         raise OptionError(f"{exc} (table {options.table}); fix it with property.{exc.name}=...") from None
     keyed = _plan_keys(options, spark_schema, table)
     evolution = Evolution(table.schema()) if created else _evolution(options, spark_schema, table, keyed)
+    new_spec = None if created else _check_layout_matches(options, table, evolution.schema)
     sources = _column_sources(options, spark_schema, evolution.schema)
     staged = None
     if evolution.changed:
@@ -280,6 +294,12 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
         if staged is not None:
             table = staged.table
             sources = _column_sources(options, spark_schema, staged.schema)
+    spec_id = None
+    if new_spec is not None:
+        # Likewise the new partition spec (its id and field ids taken, the default unchanged),
+        # parsed again against the schema as staged.
+        staged_spec = stage_spec(table, parse_partition_spec(options.partition_by, staged.schema if staged else table.schema()))
+        table, spec_id = staged_spec.table, staged_spec.spec.spec_id
     current = branch_head(table.metadata, options.branch)
     return WritePlan(
         write_id=uuid.uuid4().hex,
@@ -295,6 +315,7 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
         keyed=keyed,
         write_schema_json=staged.schema.model_dump_json() if staged is not None else None,
         evolved_from_schema_id=staged.evolved_from if staged is not None else None,
+        write_spec_id=spec_id,
     )
 
 
@@ -305,6 +326,8 @@ def write_layout(options: WriteOptions, spark_schema: StructType) -> tuple[Schem
     table = resolve_table(options, spark_schema, create=False)
     if table is not None:
         schema, spec = table.schema(), table.spec()
+        if options.evolve_partition and options.partition_by is not None:
+            spec = parse_partition_spec(options.partition_by, schema)  # what the write will evolve to
     else:
         schema = _new_table_schema(options, spark_schema)
         spec = parse_partition_spec(options.partition_by, schema)

@@ -58,7 +58,7 @@ from lakesink_datasource.io.partitioning import PartitionSplitter
 from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
 from lakesink_datasource.messages import PositionDeletesMessage
 from lakesink_datasource.schema.arrow_align import BatchAligner
-from lakesink_datasource.table.plan import WritePlan
+from lakesink_datasource.table.plan import WritePlan, write_spec
 from lakesink_datasource.table.tombstone_table import read_stored
 from lakesink_datasource.write.changes import resolve_changes
 
@@ -88,7 +88,7 @@ class KeyedWriter:
         self._writer = writer
         self._splitter = splitter
         self._aligner = aligner
-        self._spec_id = metadata.spec().spec_id
+        self._spec_id = write_spec(plan, metadata).spec_id
         path = index_location(plan, metadata)
         self.host = index_owner(path)
         if damage(path) == "not a directory":

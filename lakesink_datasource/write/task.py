@@ -28,7 +28,7 @@ from lakesink_datasource.io.rolling_writer import STREAM_BUFFER_BYTES, Partition
 from lakesink_datasource.messages import LakeSinkCommitMessage, TaskResult, TaskStats
 from lakesink_datasource.schema.arrow_align import BatchAligner, table_arrow_schema
 from lakesink_datasource.table import idempotency, metadata_cache
-from lakesink_datasource.table.plan import WritePlan, write_schema
+from lakesink_datasource.table.plan import WritePlan, write_schema, write_spec
 from lakesink_datasource.write.changes import KeyedInputError
 from lakesink_datasource.write.keyed import KeyedWriter
 
@@ -138,6 +138,7 @@ def write_task(
                 planned_snapshot_id=plan.planned_snapshot_id,
                 write_schema_json=plan.write_schema_json,
                 evolved_from_schema_id=plan.evolved_from_schema_id,
+                write_spec_id=plan.write_spec_id,
                 **kwargs,
             )
         )
@@ -151,7 +152,7 @@ def write_task(
         return result(skipped=True)
 
     schema = write_schema(plan, metadata)
-    spec = metadata.spec()
+    spec = write_spec(plan, metadata)
     arrow_schema = table_arrow_schema(schema)
     aligner = BatchAligner(arrow_schema, plan.column_sources, plan.keyed.table_key_columns if plan.keyed is not None else ())
     splitter = PartitionSplitter(spec, schema)

@@ -71,7 +71,7 @@ def test_partition_by_or_format_version_that_differ_from_an_existing_table_are_r
     before = load(warehouse, "db.t").metadata_location
     with pytest.raises(OptionError, match=r"'partition_by' = 'v' differs from the partitioning of table db\.t") as caught:
         plan_write(parse_options({**base, "partition_by": "v"}), ID_V, overwrite=False)
-    assert "(bucket(4, id))" in str(caught.value) and "leave the option out" in str(caught.value)
+    assert "(bucket(4, id))" in str(caught.value) and "set evolve_partition=true" in str(caught.value) and "leave partition_by out" in str(caught.value)
     with pytest.raises(OptionError, match=r"'format_version' = 3 differs from table db\.t, which is format version 2"):
         plan_write(parse_options({**base, "format_version": "3"}), ID_V, overwrite=False)
     assert load(warehouse, "db.t").metadata_location == before
