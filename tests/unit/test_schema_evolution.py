@@ -157,6 +157,37 @@ def test_keyed_upserts_work_across_an_evolution(warehouse: str) -> None:
     assert check_table(load(warehouse, IDENT)) == []
 
 
+def test_planning_one_evolving_write_twice_stages_one_schema(warehouse: str) -> None:
+    _write(warehouse, V1, A1, OLD)
+    first = _plan(warehouse, V2, merge_schema="true")
+    second = _plan(warehouse, V2, merge_schema="true")  # what Spark does for a stream's commit
+    assert len(load(warehouse, IDENT).metadata.schemas) == 2
+    assert first.write_schema_json == second.write_schema_json
+    _land(second, A2, NEW)
+    table = load(warehouse, IDENT)
+    assert table.schema().schema_id == 1 and [f.name for f in table.schema().fields][-2:] == ["tag", "items"]
+
+
+def test_cdc_and_dedupe_work_across_an_evolution(warehouse: str) -> None:
+    base = T.StructType([_field("id", T.LongType(), False), _field("v", T.StringType()), _field("op", T.StringType())])
+    arrow = pa.schema([pa.field("id", pa.int64(), False), ("v", pa.string()), ("op", pa.string())])
+    cdc = {"operation": "cdc", "op_column": "op", "primary_key": "id"}
+    _write(warehouse, base, arrow, [{"id": i, "v": f"a{i}", "op": "c"} for i in range(4)], **cdc)
+    wider = T.StructType([*base.fields, _field("w", T.LongType())])
+    wider_arrow = pa.schema([*arrow, ("w", pa.int64())])
+    # The evolving batch updates one old row, deletes another and inserts a new one.
+    _write(warehouse, wider, wider_arrow, [{"id": 1, "v": "b1", "op": "u", "w": 10}, {"id": 2, "v": None, "op": "d", "w": None},
+                                           {"id": 7, "v": "b7", "op": "c", "w": 70}], merge_schema="true", **cdc)
+    # Dedupe keeps the first row per key: id 3 (old, without w) stays, id 8 is new.
+    no_op = T.StructType([f for f in wider.fields if f.name != "op"])
+    no_op_arrow = pa.schema([f for f in wider_arrow if f.name != "op"])
+    _write(warehouse, no_op, no_op_arrow, [{"id": 3, "v": "c3", "w": 3}, {"id": 8, "v": "c8", "w": 80}], operation="dedupe")
+    expected = [{"id": 0, "v": "a0", "w": None}, {"id": 1, "v": "b1", "w": 10}, {"id": 3, "v": "a3", "w": None},
+                {"id": 7, "v": "b7", "w": 70}, {"id": 8, "v": "c8", "w": 80}]
+    assert_readers_see(warehouse, IDENT, expected_rows(expected, ["id", "v", "w"]), ["id", "v", "w"])
+    assert check_table(load(warehouse, IDENT)) == []
+
+
 def test_compaction_after_an_evolution_rewrites_old_files_into_the_new_schema(warehouse: str) -> None:
     from lakesink_datasource.maintain import maintain_table
 

@@ -1,7 +1,8 @@
 """Property test: random sequences of schema evolutions (added columns, added nested fields,
-promotions, omitted columns, structs sent with fewer or reordered fields) interleaved with append and upsert batches, written with
-`merge_schema=true` through the production path and checked after every batch against a
-plain-Python model (key -> row) with DuckDB and pyiceberg."""
+promotions, omitted columns, structs sent with fewer or reordered fields) and partition
+evolutions interleaved with append and upsert batches and compactions, written with
+`merge_schema=true` (and `evolve_partition=true`) through the production path and checked
+after every batch against a plain-Python model (key -> row) with DuckDB and pyiceberg."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import tempfile
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 from lakesink_testing import duckdb_rows, expected_rows, load, pyiceberg_rows
 from pyspark.sql import types as T
 
 from lakesink_datasource.datasource import _commit
+from lakesink_datasource.iceberg.live_files import live_data_files
+from lakesink_datasource.maintenance.compaction import compact
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.table.setup import plan_write
 from lakesink_datasource.write.task import write_task
@@ -60,10 +63,19 @@ steps = st.lists(
         st.tuples(st.just("nested_reverse"), st.none()),
         st.tuples(st.just("append"), st.lists(st.integers(0, 1000), min_size=1, max_size=4, unique=True)),
         st.tuples(st.just("upsert"), st.lists(st.integers(0, 12), min_size=1, max_size=6, unique=True)),
+        # Partition evolution: later writes ask for this layout with evolve_partition=true.
+        st.tuples(st.just("partition"), st.sampled_from(["bucket(2, id)", "bucket(4, id)", "truncate(5, id)"])),
+        st.tuples(st.just("compact"), st.none()),
     ),
     min_size=2,
     max_size=12,
 )
+
+
+def _spec_ids(warehouse: str) -> list[int]:
+    """The partition spec of each live data file."""
+    table = load(warehouse, IDENT)
+    return [e.data_file.spec_id for e in live_data_files(table.io, table.current_snapshot())]
 
 
 def _model_row(row: dict, source: Source) -> dict:
@@ -85,8 +97,10 @@ def test_evolutions_interleaved_with_appends_and_upserts_match_the_model(plan: l
     version = 0
     fresh = 1000
     first = True
+    layout: str | None = None
     for step, arg in plan:
         note(f"{step} {arg}")
+        event(step)
         if step == "add" and arg not in source.ints:
             source.ints[arg] = False
         elif step == "promote" and arg in source.ints:
@@ -99,7 +113,13 @@ def test_evolutions_interleaved_with_appends_and_upserts_match_the_model(plan: l
             source.nested.remove(arg)
         elif step == "nested_reverse":
             source.nested.reverse()
-        elif step in ("append", "upsert"):
+        elif step == "partition":
+            layout = arg
+        elif step == "compact" and not first:
+            # Rewrites every small file, old-spec ones into the current spec: rows unchanged.
+            compact(load(warehouse, IDENT), budget_bytes=1 << 40, tiered=False)
+            assert set(_spec_ids(warehouse)) <= {load(warehouse, IDENT).metadata.default_spec_id}
+        if step in ("append", "upsert"):
             version += 1
             if step == "append":  # appends use fresh keys only
                 keys = list(range(fresh, fresh + len(arg)))
@@ -112,6 +132,8 @@ def test_evolutions_interleaved_with_appends_and_upserts_match_the_model(plan: l
                        "index_dir": f"{warehouse}/idx", "operation": "upsert" if step == "upsert" else "append"}
             if first:  # the table is created keyed (appends then use fresh keys only)
                 options.update(primary_key="id", operation="upsert")
+            if layout is not None:
+                options.update(partition_by=layout, evolve_partition="true")
             written = plan_write(parse_options(options), source.spark(), overwrite=False)
             _commit(written, [write_task(written, iter([pa.RecordBatch.from_pylist(records, schema=source.arrow())]))], None)
             first = False
@@ -120,6 +142,7 @@ def test_evolutions_interleaved_with_appends_and_upserts_match_the_model(plan: l
                     live[r["id"]] = r
                 else:
                     appended.append(r)
+        if step in ("append", "upsert") or (step == "compact" and not first):
             table = load(warehouse, IDENT)
             columns = ["id", *sorted(source.table_columns)]
             assert sorted(f.name for f in table.schema().fields) == sorted([*columns, "s"])
