@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Protocol
 
 import msgspec
 from pyiceberg.catalog import Catalog, load_catalog
-
-from lakesink_datasource.options import WriteOptions
 
 EMBEDDED_CATALOG_NAME = "lakesink"
 
@@ -26,7 +25,20 @@ class CatalogConfig(msgspec.Struct, frozen=True):
     properties: dict[str, str]
 
 
-def catalog_config(options: WriteOptions) -> CatalogConfig:
+class CatalogOptions(Protocol):
+    """What a catalog is resolved from: write and read options both carry it."""
+
+    @property
+    def warehouse(self) -> str: ...
+    @property
+    def catalog(self) -> str | None: ...
+    @property
+    def catalog_properties(self) -> dict[str, str]: ...
+    @property
+    def uses_embedded_catalog(self) -> bool: ...
+
+
+def catalog_config(options: CatalogOptions) -> CatalogConfig:
     if options.uses_embedded_catalog:
         warehouse = options.warehouse
         return CatalogConfig(

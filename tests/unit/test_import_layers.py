@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"catalog", "schema"},
     {"io", "index"},  # storage: Parquet writing, the key index
     {"table"},  # table state: planning, metadata cache, idempotency
-    {"write", "commit"},  # the task side and the commit side
+    {"write", "commit", "read"},  # the task side, the commit side, the read side
     {"maintenance"},
     {"progress"},  # what the driver prints per batch
     {"check", "duckdb_reader", "maintain", "locate", "publish", "clustering", "datasource"},  # tools and the Spark face

@@ -1,0 +1,114 @@
+"""Read options: `spark.read.format("lakesink")`, `CREATE TEMPORARY VIEW ... USING lakesink`.
+
+The table and catalog are named as for writes (`table`, `warehouse`, `catalog`,
+`catalog.<key>`); the rest says which state of the table to read. Write-only options are
+refused by name, so a copied write configuration does not silently mean something else.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from datetime import datetime, timezone
+
+import msgspec
+
+from lakesink_datasource.options import DEFAULT_WAREHOUSE, OptionError
+
+_READ = {"table", "warehouse", "catalog", "snapshot_id", "as_of_timestamp", "branch", "split_size_bytes"}
+_ALIASES = {"path": "table", "snapshot-id": "snapshot_id", "as-of-timestamp": "as_of_timestamp",
+            "split-size": "split_size_bytes", "snapshotid": "snapshot_id", "asoftimestamp": "as_of_timestamp"}
+_SPARK_OWNED = {"checkpointlocation", "queryname"}
+
+SQL_READ_HINT = (
+    "Spark passes no options to a Python data source read through a catalog table; read it through a temporary "
+    "view instead: CREATE TEMPORARY VIEW v USING lakesink OPTIONS (table 'ns.t', warehouse '...'); SELECT * FROM v"
+)
+
+
+class ReadOptions(msgspec.Struct, frozen=True, kw_only=True):
+    table: str
+    warehouse: str
+    catalog: str | None = None
+    catalog_properties: dict[str, str] = {}
+    snapshot_id: int | None = None
+    as_of_timestamp_ms: int | None = None
+    branch: str | None = None  # a branch or tag name to read the head of
+    split_size_bytes: int | None = None  # None: the table's read.split.target-size
+
+    @property
+    def uses_embedded_catalog(self) -> bool:
+        return self.catalog is None and not self.catalog_properties
+
+
+def parse_timestamp_ms(name: str, raw: str) -> int:
+    """Milliseconds since the epoch, or an ISO-8601 time (UTC unless it names a zone)."""
+    text = raw.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise OptionError(
+            f"option '{name}' must be milliseconds since the epoch or an ISO-8601 time such as "
+            f"2026-01-31T12:00:00Z, got {raw!r}"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
+def parse_read_options(raw: Mapping[str, str]) -> ReadOptions:
+    """Validate Spark's option map for a read; OptionError names the option."""
+    values: dict[str, str] = {}
+    catalog_properties: dict[str, str] = {}
+    for key, value in raw.items():
+        name = key.lower()
+        if name.startswith("catalog."):
+            catalog_properties[key[len("catalog.") :].lower()] = value
+            continue
+        if name in _SPARK_OWNED:
+            continue
+        name = _ALIASES.get(name, name)
+        if name not in _READ:
+            raise OptionError(
+                f"option '{key}' does not apply to reads (read options: {', '.join(sorted(_READ | {'catalog.<property>'}))})"
+            )
+        values[name] = value
+    table = values.get("table", "").strip()
+    if not table:
+        raise OptionError(f"option 'table' is required: the Iceberg table as 'namespace.table'. {SQL_READ_HINT}")
+    if "." not in table:
+        raise OptionError(f"option 'table' must be 'namespace.table', got {table!r}")
+    kwargs: dict[str, object] = {
+        "table": table,
+        "warehouse": os.path.abspath(values.get("warehouse", DEFAULT_WAREHOUSE)),
+        "catalog": values.get("catalog"),
+        "catalog_properties": catalog_properties,
+        "branch": values.get("branch", "").strip() or None,
+    }
+    if "snapshot_id" in values:
+        try:
+            kwargs["snapshot_id"] = int(values["snapshot_id"])
+        except ValueError:
+            raise OptionError(f"option 'snapshot_id' must be an integer, got {values['snapshot_id']!r}") from None
+    if "as_of_timestamp" in values:
+        kwargs["as_of_timestamp_ms"] = parse_timestamp_ms("as_of_timestamp", values["as_of_timestamp"])
+    chosen = [n for n in ("snapshot_id", "as_of_timestamp", "branch") if values.get(n, "").strip()]
+    if len(chosen) > 1:
+        raise OptionError(f"options {' and '.join(repr(n) for n in chosen)} exclude each other: give one state to read")
+    if "split_size_bytes" in values:
+        try:
+            size = int(values["split_size_bytes"])
+        except ValueError:
+            size = 0
+        if size <= 0:
+            raise OptionError(f"option 'split_size_bytes' must be a positive integer, got {values['split_size_bytes']!r}")
+        kwargs["split_size_bytes"] = size
+    return msgspec.convert(kwargs, ReadOptions)
+
+
+def read_subset(raw: Mapping[str, str]) -> dict[str, str]:
+    """The options of `raw` a read understands (for `schema()`, which Spark also calls for
+    CREATE TABLE ... USING lakesink OPTIONS (...) with write options)."""
+    return {k: v for k, v in raw.items() if k.lower().startswith("catalog.") or _ALIASES.get(k.lower(), k.lower()) in _READ}
