@@ -34,9 +34,11 @@ from lakesink_datasource.maintenance.tombstone_storing import store_tombstones_s
 from lakesink_datasource.messages import decode_messages
 from lakesink_datasource.options import OptionError, parse_options
 from lakesink_datasource.progress import report_batch
+from lakesink_datasource.read.changes import CHANGE_TYPE, COMMIT_SNAPSHOT_ID
 from lakesink_datasource.read.filters import conjunction, to_iceberg
 from lakesink_datasource.read.options import ReadOptions, parse_read_options
 from lakesink_datasource.read.scan import ReadPlan, TableState, group_tasks, plan_tasks, read_tasks, resolve_state, split_bytes
+from lakesink_datasource.read.stream import LakeSinkStreamReader
 from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.table.setup import plan_write
 from lakesink_datasource.write.task import write_task
@@ -64,11 +66,23 @@ class LakeSinkDataSource(DataSource):
             state = resolve_state(options)
         except ReadError as exc:
             raise ReadError(f"{exc}: give the columns in CREATE TABLE, or write to the table first") from None
-        return iceberg_to_spark(state.schema)
+        schema = iceberg_to_spark(state.schema)
+        if options.read_changes:
+            schema = schema.add(CHANGE_TYPE, "string", nullable=False).add(COMMIT_SNAPSHOT_ID, "long", nullable=False)
+        return schema
 
     def reader(self, schema: StructType) -> LakeSinkReader:
+        options = parse_read_options(self.options)
+        if options.stream_options:
+            raise OptionError(
+                f"option(s) {', '.join(repr(o) for o in options.stream_options)} apply to spark.readStream; a batch read "
+                "reads one state of the table (snapshot_id, as_of_timestamp or branch choose which)"
+            )
         reader_class = LakeSinkFilteringReader if _filter_pushdown_enabled() else LakeSinkReader
-        return reader_class(parse_read_options(self.options), schema)
+        return reader_class(options, schema)
+
+    def streamReader(self, schema: StructType) -> LakeSinkStreamReader:
+        return LakeSinkStreamReader(parse_read_options(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> LakeSinkBatchWriter:
         return LakeSinkBatchWriter(plan_write(parse_options(self.options), schema, overwrite))

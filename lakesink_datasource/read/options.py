@@ -15,9 +15,12 @@ import msgspec
 
 from lakesink_datasource.options import DEFAULT_WAREHOUSE, OptionError
 
-_READ = {"table", "warehouse", "catalog", "snapshot_id", "as_of_timestamp", "branch", "split_size_bytes"}
+_STREAM_ONLY = {"starting_snapshot_id", "starting_timestamp", "max_files_per_trigger", "read_changes"}
+_READ = {"table", "warehouse", "catalog", "snapshot_id", "as_of_timestamp", "branch", "split_size_bytes", *_STREAM_ONLY}
 _ALIASES = {"path": "table", "snapshot-id": "snapshot_id", "as-of-timestamp": "as_of_timestamp",
-            "split-size": "split_size_bytes", "snapshotid": "snapshot_id", "asoftimestamp": "as_of_timestamp"}
+            "split-size": "split_size_bytes", "snapshotid": "snapshot_id", "asoftimestamp": "as_of_timestamp",
+            "maxfilespertrigger": "max_files_per_trigger", "streaming-max-files-per-micro-batch": "max_files_per_trigger",
+            "stream-from-timestamp": "starting_timestamp"}
 _SPARK_OWNED = {"checkpointlocation", "queryname"}
 
 SQL_READ_HINT = (
@@ -35,6 +38,22 @@ class ReadOptions(msgspec.Struct, frozen=True, kw_only=True):
     as_of_timestamp_ms: int | None = None
     branch: str | None = None  # a branch or tag name to read the head of
     split_size_bytes: int | None = None  # None: the table's read.split.target-size
+    # readStream only
+    starting_snapshot_id: int | None = None
+    starting_timestamp_ms: int | None = None
+    max_files_per_trigger: int | None = None
+    read_changes: bool = False
+
+    @property
+    def stream_options(self) -> list[str]:
+        """The streaming-only options given (a batch read refuses them)."""
+        given = {
+            "starting_snapshot_id": self.starting_snapshot_id is not None,
+            "starting_timestamp": self.starting_timestamp_ms is not None,
+            "max_files_per_trigger": self.max_files_per_trigger is not None,
+            "read_changes": self.read_changes,
+        }
+        return [name for name, present in given.items() if present]
 
     @property
     def uses_embedded_catalog(self) -> bool:
@@ -56,6 +75,16 @@ def parse_timestamp_ms(name: str, raw: str) -> int:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return int(moment.timestamp() * 1000)
+
+
+def _positive(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise OptionError(f"option '{name}' must be a positive integer, got {raw!r}")
+    return value
 
 
 def parse_read_options(raw: Mapping[str, str]) -> ReadOptions:
@@ -97,14 +126,23 @@ def parse_read_options(raw: Mapping[str, str]) -> ReadOptions:
     chosen = [n for n in ("snapshot_id", "as_of_timestamp", "branch") if values.get(n, "").strip()]
     if len(chosen) > 1:
         raise OptionError(f"options {' and '.join(repr(n) for n in chosen)} exclude each other: give one state to read")
-    if "split_size_bytes" in values:
+    for name in ("split_size_bytes", "max_files_per_trigger"):
+        if name in values:
+            kwargs[name] = _positive(name, values[name])
+    if "starting_snapshot_id" in values:
         try:
-            size = int(values["split_size_bytes"])
+            kwargs["starting_snapshot_id"] = int(values["starting_snapshot_id"])
         except ValueError:
-            size = 0
-        if size <= 0:
-            raise OptionError(f"option 'split_size_bytes' must be a positive integer, got {values['split_size_bytes']!r}")
-        kwargs["split_size_bytes"] = size
+            raise OptionError(f"option 'starting_snapshot_id' must be an integer, got {values['starting_snapshot_id']!r}") from None
+    if "starting_timestamp" in values:
+        kwargs["starting_timestamp_ms"] = parse_timestamp_ms("starting_timestamp", values["starting_timestamp"])
+    if "starting_snapshot_id" in values and "starting_timestamp" in values:
+        raise OptionError("options 'starting_snapshot_id' and 'starting_timestamp' exclude each other: give one")
+    if "read_changes" in values:
+        flag = values["read_changes"].strip().lower()
+        if flag not in ("true", "false"):
+            raise OptionError(f"option 'read_changes' must be true or false, got {values['read_changes']!r}")
+        kwargs["read_changes"] = flag == "true"
     return msgspec.convert(kwargs, ReadOptions)
 
 

@@ -11,8 +11,9 @@ applied) and hands Spark Arrow batches of exactly the schema Spark expects.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import pyarrow as pa
 from pyiceberg.exceptions import NoSuchTableError
@@ -29,6 +30,9 @@ from lakesink_datasource.table import metadata_cache
 
 DEFAULT_SPLIT_BYTES = 128 * 1024 * 1024  # Iceberg's read.split.target-size
 SPLIT_PROPERTY = "read.split.target-size"
+
+
+T = TypeVar("T")
 
 
 class ReadError(ValueError):
@@ -123,6 +127,11 @@ def split_bytes(state: TableState, options: ReadOptions) -> int:
     return int(raw) if raw and raw.isdigit() and int(raw) > 0 else DEFAULT_SPLIT_BYTES
 
 
+def group_units(units: list[Any], target_bytes: int = DEFAULT_SPLIT_BYTES) -> list[list[Any]]:
+    """Anything with a `size`, packed like scan tasks."""
+    return _pack(units, lambda u: int(u.size), target_bytes)
+
+
 def _task_bytes(task: FileScanTask) -> int:
     return task.file.file_size_in_bytes + sum(d.file_size_in_bytes for d in task.delete_files)
 
@@ -130,22 +139,26 @@ def _task_bytes(task: FileScanTask) -> int:
 def group_tasks(tasks: list[FileScanTask], target_bytes: int) -> list[list[FileScanTask]]:
     """Tasks packed into groups of about `target_bytes`, largest first (first fit), so Spark
     partitions come out even; a file larger than the target is a group of its own."""
-    groups: list[list[FileScanTask]] = []
+    return _pack(tasks, _task_bytes, target_bytes)
+
+
+def _pack(items: list[T], size_of: Callable[[T], int], target_bytes: int) -> list[list[T]]:
+    groups: list[list[T]] = []
     sizes: list[int] = []
-    for task in sorted(tasks, key=_task_bytes, reverse=True):
-        size = _task_bytes(task)
+    for item in sorted(items, key=size_of, reverse=True):
+        size = size_of(item)
         for i, used in enumerate(sizes):
             if used + size <= target_bytes:
-                groups[i].append(task)
+                groups[i].append(item)
                 sizes[i] += size
                 break
         else:
-            groups.append([task])
+            groups.append([item])
             sizes.append(size)
     return groups
 
 
-def _conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
+def conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
     """`batch` as exactly `target` (names as Spark has them, Spark's Arrow types)."""
     by_name = {name.lower(): i for i, name in enumerate(batch.schema.names)}
     columns = []
@@ -163,4 +176,4 @@ def read_tasks(plan: ReadPlan, tasks: list[FileScanTask]) -> Iterator[pa.RecordB
     scan = ArrowScan(metadata, io, schema, plan.row_filter, case_sensitive=False)
     for batch in scan.to_record_batches(tasks):
         if batch.num_rows:
-            yield _conform(batch, plan.arrow_schema)
+            yield conform(batch, plan.arrow_schema)

@@ -1,0 +1,216 @@
+"""Streaming reads: what each snapshot between two offsets added (and, for a change feed,
+removed), planned on the driver, read on the executors.
+
+An offset is a snapshot id of the branch being read: everything through it has been
+emitted. A new query starts with the whole table as of the oldest snapshot still retained
+(so nothing an expired snapshot appended is missed), then each later snapshot's changes; or,
+with `starting_snapshot_id` / `starting_timestamp`, with the changes of that snapshot on.
+
+Per snapshot, by operation:
+- `append`: the rows of the data files it added;
+- `replace` (a compaction, lakesink's or another engine's): nothing, the rows did not change;
+- `overwrite` / `delete`: rows were hidden or removed. A plain stream fails there, naming the
+  snapshot (it would silently miss the deletes); with `read_changes=true` the stream is a
+  change feed: inserted rows, and deleted rows read back from the positions the snapshot's
+  deletion vectors newly hide (DV now minus DV before) or from the files it removed, each with
+  `_change_type` and `_commit_snapshot_id`. A key deleted and inserted by one snapshot is an
+  update (`update_before`, `update_after`).
+
+Every unit of work is one data file and the row positions to emit or to leave out, so a
+unit reads the same rows whenever it is replayed: exactly once comes from Spark's checkpoint
+of the offsets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import ArrowScan, schema_to_pyarrow
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus
+from pyiceberg.schema import Schema
+from pyiceberg.table import FileScanTask
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import Snapshot
+from pyroaring import BitMap64
+
+from lakesink_datasource.iceberg.live_files import live_data_files, live_position_deletes, read_hidden_positions
+from lakesink_datasource.iceberg.manifest_list import read_manifest_list
+from lakesink_datasource.iceberg.manifests import deleted_data_file, read_entries
+from lakesink_datasource.table import metadata_cache
+
+CHANGE_TYPE = "_change_type"
+COMMIT_SNAPSHOT_ID = "_commit_snapshot_id"
+NOTHING = -1  # the offset before any snapshot was emitted
+
+
+class StreamReadError(ValueError):
+    """The stream cannot go on from its offset as configured (named snapshot, what to do)."""
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One data file's rows to emit for one snapshot: all of them except `positions`
+    (`keep=False`), or exactly `positions` (`keep=True`)."""
+
+    snapshot_id: int
+    change: str  # insert | delete
+    data_file: DataFile
+    positions: bytes  # a serialized BitMap64
+    keep: bool
+
+    @property
+    def size(self) -> int:
+        return int(self.data_file.file_size_in_bytes)
+
+
+def snapshots_between(metadata: TableMetadata, start: int, end: int, *, scan_all: bool) -> list[Snapshot]:
+    """The snapshots after `start` up to `end`, oldest first, along `end`'s ancestry. With
+    `scan_all` (nothing read yet) the walk may stop at the oldest retained ancestor."""
+    chain: list[Snapshot] = []
+    snapshot = metadata.snapshot_by_id(end)
+    while snapshot is not None and snapshot.snapshot_id != start:
+        chain.append(snapshot)
+        parent_id = snapshot.parent_snapshot_id
+        if parent_id is None or parent_id == start:
+            break
+        parent = metadata.snapshot_by_id(parent_id)
+        if parent is None and not scan_all:
+            raise StreamReadError(
+                f"snapshot {start}, where this stream stopped reading, is no longer in the table's history (expired, "
+                f"or not an ancestor of snapshot {end}); the changes since cannot all be read. Start a new query "
+                f"(new checkpoint) with starting_snapshot_id set to a retained snapshot"
+            )
+        snapshot = parent
+    if snapshot is None and end != start:
+        raise StreamReadError(f"snapshot {end} is not in the table's history")
+    return list(reversed(chain))
+
+
+def _added(io: FileIO, snapshot: Snapshot, content: ManifestContent, status: ManifestEntryStatus) -> list[ManifestEntry]:
+    """Entries `snapshot` itself wrote with `status`, from the manifests it added."""
+    out: list[ManifestEntry] = []
+    for manifest in read_manifest_list(io, snapshot.manifest_list):
+        if manifest.content == content and manifest.added_snapshot_id == snapshot.snapshot_id:
+            out += [e for e in read_entries(io, manifest, live_only=False) if e.status == status]
+    return out
+
+
+def _bitmap(io: FileIO, entry: ManifestEntry | None) -> BitMap64:
+    return BitMap64() if entry is None else read_hidden_positions(io, entry.data_file)
+
+
+def _operation(snapshot: Snapshot) -> str:
+    return snapshot.summary.operation.value if snapshot.summary is not None else "append"
+
+
+def _changes_rows(snapshot: Snapshot) -> bool:
+    """Does the snapshot hide or remove rows (not counting a compaction's rewrite)?"""
+    summary = snapshot.summary
+    if summary is None:
+        return False
+    removed = sum(int(summary.get(k) or 0) for k in ("deleted-records", "added-position-deletes", "removed-data-files"))
+    return removed > 0 or int(summary.get("added-dvs") or 0) > 0 or int(summary.get("added-delete-files") or 0) > 0
+
+
+def units_for(metadata: TableMetadata, io: FileIO, snapshot: Snapshot, *, full: bool, read_changes: bool) -> list[Unit]:
+    """The rows `snapshot` contributes to the stream (its whole state when `full`)."""
+    sid = snapshot.snapshot_id
+    if full:
+        dvs = live_position_deletes(io, snapshot)
+        return [Unit(sid, "insert", e.data_file, _bitmap(io, dvs.get(e.data_file.file_path)).serialize(), False)
+                for e in live_data_files(io, snapshot)]
+    operation = _operation(snapshot)
+    if operation == "replace":
+        return []
+    if operation != "append" and _changes_rows(snapshot) and not read_changes:
+        raise StreamReadError(
+            f"snapshot {sid} ({operation}) deletes or replaces rows, which a streaming read of appends cannot emit; "
+            "set read_changes=true to read a change feed (inserts, deletes and updates), or start a new query after "
+            f"it with starting_snapshot_id"
+        )
+    parent = metadata.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id is not None else None
+    now = live_position_deletes(io, snapshot) if read_changes else {}
+    before = live_position_deletes(io, parent) if read_changes and parent is not None else {}
+    units = []
+    for e in _added(io, snapshot, ManifestContent.DATA, ManifestEntryStatus.ADDED):
+        if e.data_file.content == DataFileContent.DATA:
+            hidden = _bitmap(io, now.get(e.data_file.file_path))  # rows its own snapshot already hid
+            units.append(Unit(sid, "insert", e.data_file, hidden.serialize(), False))
+    if not read_changes:
+        return units
+    for e in _added(io, snapshot, ManifestContent.DATA, ManifestEntryStatus.DELETED):
+        path = e.data_file.file_path
+        units.append(Unit(sid, "delete", e.data_file, _bitmap(io, before.get(path)).serialize(), False))
+    data_files = {e.data_file.file_path: e.data_file for e in live_data_files(io, snapshot)} if now else {}
+    for e in _added(io, snapshot, ManifestContent.DELETES, ManifestEntryStatus.ADDED):
+        target = deleted_data_file(e.data_file)
+        if target is None or target not in data_files or target not in now:
+            continue  # a DV of a file this snapshot added (counted above) or removed
+        if any(u.data_file.file_path == target and u.change == "insert" for u in units):
+            continue
+        newly = _bitmap(io, now[target]) - _bitmap(io, before.get(target))
+        if newly:
+            units.append(Unit(sid, "delete", data_files[target], newly.serialize(), True))
+    return units
+
+
+def _file_rows(metadata: TableMetadata, io: FileIO, schema: Schema, unit: Unit) -> pa.Table:
+    """The unit's rows, columns by field id as `schema` (in file order, then picked)."""
+    scan = ArrowScan(metadata, io, schema, AlwaysTrue(), case_sensitive=False)
+    batches = list(scan.to_record_batches([FileScanTask(unit.data_file)]))
+    table = pa.Table.from_batches(batches) if batches else schema_to_pyarrow(schema).empty_table()
+    positions = np.fromiter(BitMap64.deserialize(unit.positions), dtype=np.int64)
+    if unit.keep:
+        return table.take(pa.array(positions[positions < table.num_rows]))
+    if positions.size == 0:
+        return table
+    return table.filter(pa.array(~np.isin(np.arange(table.num_rows, dtype=np.int64), positions)))
+
+
+def read_units(plan_metadata: str, io_properties: dict[str, str], schema_json: str, units: list[Unit],
+               key_columns: tuple[str, ...], with_changes: bool) -> Iterator[pa.Table]:
+    """The rows of `units` (one snapshot's units together when `with_changes`, so a key both
+    deleted and inserted by it can be told as an update)."""
+    metadata = metadata_cache.load(plan_metadata, io_properties)
+    io = metadata_cache.file_io(io_properties, plan_metadata)
+    schema = Schema.model_validate_json(schema_json)
+    by_snapshot: dict[int, list[tuple[Unit, pa.Table]]] = {}
+    for unit in units:
+        rows = _file_rows(metadata, io, schema, unit)
+        if not with_changes:
+            yield rows
+            continue
+        by_snapshot.setdefault(unit.snapshot_id, []).append((unit, rows))
+    for snapshot_id, parts in by_snapshot.items():
+        yield from _label(snapshot_id, parts, key_columns)
+
+
+def _keys(table: pa.Table, key_columns: tuple[str, ...]) -> list[tuple[object, ...]]:
+    columns = [table.column(c).to_pylist() for c in key_columns]
+    return list(zip(*columns)) if columns else [()] * table.num_rows
+
+
+def _label(snapshot_id: int, parts: list[tuple[Unit, pa.Table]], key_columns: tuple[str, ...]) -> Iterator[pa.Table]:
+    deleted_keys: set[tuple[object, ...]] = set()
+    inserted_keys: set[tuple[object, ...]] = set()
+    if key_columns:
+        for unit, rows in parts:
+            (deleted_keys if unit.change == "delete" else inserted_keys).update(_keys(rows, key_columns))
+    updated = deleted_keys & inserted_keys
+    for unit, rows in parts:
+        if rows.num_rows == 0:
+            continue
+        if updated:
+            is_update = pa.array([k in updated for k in _keys(rows, key_columns)])
+            kind = "update_before" if unit.change == "delete" else "update_after"
+            labels = pc.if_else(is_update, pa.scalar(kind), pa.scalar(unit.change))
+        else:
+            labels = pa.array([unit.change] * rows.num_rows, pa.string())
+        rows = rows.append_column(CHANGE_TYPE, labels)
+        yield rows.append_column(COMMIT_SNAPSHOT_ID, pa.array(np.full(rows.num_rows, snapshot_id, dtype=np.int64)))

@@ -1,0 +1,110 @@
+"""Streaming reads: `spark.readStream.format("lakesink")` emits each appended snapshot once
+across restarts, honours a file limit per micro-batch, refuses snapshots that delete rows
+unless it reads a change feed, and the change feed replays every later state of a CDC
+table (checked against pyiceberg's read of each snapshot)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lakesink_testing import expected_rows, load
+from pyspark.errors import StreamingQueryException
+
+COLUMNS = ["id", "v"]
+
+
+def _write(spark: Any, warehouse: str, table: str, records: list[dict], **options: str) -> None:
+    writer = spark.createDataFrame(records, "id long, v string").coalesce(1).write.format("lakesink").option("warehouse", warehouse)
+    for k, v in options.items():
+        writer = writer.option(k, v)
+    writer.mode("append").save(table)
+
+
+def _stream(spark: Any, warehouse: str, table: str, checkpoint: Path, sink: Path, **options: str) -> Any:
+    """Run the stream to the end of what is there now into a Parquet directory (Spark's file
+    sink, exactly once across restarts with its own log)."""
+    reader = spark.readStream.format("lakesink").option("warehouse", warehouse)
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    query = (reader.load(table).writeStream.format("parquet").option("path", str(sink))
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    query.awaitTermination()
+    return query
+
+
+def _sink(spark: Any, sink: Path, columns: list[str]) -> Counter:
+    return Counter(tuple(r[c] for c in columns) for r in spark.read.parquet(str(sink)).collect())
+
+
+def _batch(start: int, n: int, tag: str) -> list[dict]:
+    return [{"id": i, "v": f"{tag}{i}"} for i in range(start, start + n)]
+
+
+def test_appended_snapshots_are_emitted_once_across_a_restart(spark, warehouse: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    first, second, third = _batch(0, 5, "a"), _batch(5, 5, "b"), _batch(10, 5, "c")
+    _write(spark, warehouse, "db.src", first)
+    _write(spark, warehouse, "db.src", second)
+    checkpoint, sink = tmp_path / "ck", tmp_path / "out"
+    _stream(spark, warehouse, "db.src", checkpoint, sink)
+    assert _sink(spark, sink, COLUMNS) == expected_rows(first + second, COLUMNS)
+    _write(spark, warehouse, "db.src", third)
+    _stream(spark, warehouse, "db.src", checkpoint, sink)
+    assert _sink(spark, sink, COLUMNS) == expected_rows(first + second + third, COLUMNS)
+
+
+def test_a_file_limit_spreads_snapshots_over_micro_batches(spark, warehouse: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    batches = [_batch(10 * i, 3, f"x{i}-") for i in range(4)]
+    for b in batches:
+        _write(spark, warehouse, "db.limited", b, maintenance="off")  # one file per snapshot
+    sink = tmp_path / "out"
+    query = _stream(spark, warehouse, "db.limited", tmp_path / "ck", sink, max_files_per_trigger="2")
+    assert _sink(spark, sink, COLUMNS) == expected_rows([r for b in batches for r in b], COLUMNS)
+    rows_per_batch = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    # The first micro-batch reads the oldest snapshot whole (1 file) plus the next; then two more.
+    assert rows_per_batch == [6, 6]
+
+
+def test_a_snapshot_that_deletes_rows_fails_a_plain_stream_naming_it(spark, warehouse: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    keyed = {"operation": "upsert", "primary_key": "id", "index_dir": f"{warehouse}/idx"}
+    _write(spark, warehouse, "db.keyedsrc", _batch(0, 4, "a"), **keyed)
+    _write(spark, warehouse, "db.keyedsrc", _batch(2, 4, "b"), **keyed)
+    upsert = load(warehouse, "db.keyedsrc").metadata.current_snapshot()
+    with pytest.raises(StreamingQueryException, match=rf"snapshot {upsert.snapshot_id} \(overwrite\) deletes or replaces rows.*read_changes=true"):
+        _stream(spark, warehouse, "db.keyedsrc", tmp_path / "ck", tmp_path / "out")
+
+
+def test_the_change_feed_of_a_cdc_table_replays_every_later_snapshot(spark, warehouse: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cdc = {"operation": "cdc", "op_column": "op", "primary_key": "id", "index_dir": f"{warehouse}/idx", "maintenance": "off"}
+    steps = [
+        [(1, "a", "c"), (2, "b", "c"), (3, "c", "c")],
+        [(2, "b2", "u"), (3, None, "d"), (4, "d", "c")],
+        [(1, None, "d"), (4, "d2", "u"), (5, "e", "c")],
+    ]
+    for step in steps:
+        (spark.createDataFrame(step, "id long, v string, op string").coalesce(1).write.format("lakesink")
+         .option("warehouse", warehouse).options(**cdc).mode("append").save("db.cdc"))
+    table = load(warehouse, "db.cdc")
+    snapshots = [s.snapshot_id for s in table.metadata.snapshots]
+    sink = tmp_path / "out"
+    _stream(spark, warehouse, "db.cdc", tmp_path / "ck", sink, read_changes="true")
+    feed = spark.read.parquet(str(sink)).collect()
+    by_snapshot: dict[int, list[Any]] = {}
+    for r in feed:
+        by_snapshot.setdefault(r["_commit_snapshot_id"], []).append(r)
+    assert sorted(by_snapshot) == sorted(snapshots)
+    state: dict[int, str | None] = {}
+    for snapshot_id in snapshots:
+        for r in by_snapshot[snapshot_id]:
+            if r["_change_type"] in ("delete", "update_before"):
+                assert state.pop(r["id"]) == r["v"]
+        for r in by_snapshot[snapshot_id]:
+            if r["_change_type"] in ("insert", "update_after"):
+                assert r["id"] not in state
+                state[r["id"]] = r["v"]
+        then = Counter((r["id"], r["v"]) for r in table.scan(snapshot_id=snapshot_id).to_arrow().to_pylist())
+        assert Counter(state.items()) == then
+    second = {(r["id"], r["_change_type"]) for r in by_snapshot[snapshots[1]]}
+    assert second == {(2, "update_before"), (2, "update_after"), (3, "delete"), (4, "insert")}
