@@ -105,10 +105,12 @@ def start_spark(config: BenchConfig, extra_conf: dict[str, str] | None = None): 
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     from benchmarks.bare_sink import BareParquetSink
+    from benchmarks.bare_source import BareParquetSource
     from lakesink_datasource import LakeSinkDataSource
 
     spark.dataSource.register(LakeSinkDataSource)
     spark.dataSource.register(BareParquetSink)  # the floor any Python sink runs against
+    spark.dataSource.register(BareParquetSource)  # and any Python reader
     return spark
 
 

@@ -31,6 +31,7 @@ from benchmarks.harness import (
     summarize,
 )
 from benchmarks.keyed_scenarios import scenario_cdc, scenario_read_cost, scenario_upsert
+from benchmarks.read_scenarios import scenario_spark_read
 
 TABLE = "bench.t"
 OLAKE_ROWS_PER_S_PER_VCPU = 9_000
@@ -382,6 +383,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("6", "read", "Read cost of deletion vectors (DuckDB)", scenario_read_cost),
     Scenario("7", "fanout", "Fanout memory, 1,000 and 10,000 partitions", scenario_fanout),
     Scenario("8", "clustering", "Files per batch with cluster_by_partition", scenario_clustering),
+    Scenario("9", "spark-read", "Reading back in Spark vs Spark's Parquet reader", scenario_spark_read),
 ]
 
 

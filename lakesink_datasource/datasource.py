@@ -187,7 +187,7 @@ class LakeSinkReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         assert self._state is not None, "partitions() runs where the reader was made"
         tasks = plan_tasks(self._state, self.plan.row_filter)
-        groups = group_tasks(tasks, split_bytes(self._state, self._options))
+        groups = group_tasks(tasks, split_bytes(self._state, self._options, tasks))
         return [TaskGroup(g) for g in groups] or [TaskGroup([])]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -11,14 +11,16 @@ applied) and hands Spark Arrow batches of exactly the schema Spark expects.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
-from pyiceberg.io.pyarrow import ArrowScan
+from pyiceberg.io.pyarrow import ArrowScan, _read_all_delete_files
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.snapshots import Snapshot
@@ -30,6 +32,7 @@ from lakesink_datasource.table import metadata_cache
 
 DEFAULT_SPLIT_BYTES = 128 * 1024 * 1024  # Iceberg's read.split.target-size
 SPLIT_PROPERTY = "read.split.target-size"
+MIN_ADAPTIVE_SPLIT_BYTES = 1024 * 1024
 
 
 T = TypeVar("T")
@@ -120,11 +123,17 @@ def plan_tasks(state: TableState, row_filter: BooleanExpression) -> list[FileSca
         raise
 
 
-def split_bytes(state: TableState, options: ReadOptions) -> int:
+def split_bytes(state: TableState, options: ReadOptions, tasks: list[FileScanTask]) -> int:
+    """How many bytes of files one Spark partition reads: the option, else the table's
+    `read.split.target-size`, made smaller (down to 1 MiB) when the scan would otherwise
+    leave cores idle, as Iceberg's adaptive split size does: a 90 MiB table must not be one
+    task. The driver's core count stands in for Spark's parallelism (the same in local mode)."""
     if options.split_size_bytes is not None:
         return options.split_size_bytes
     raw = state.table.metadata.properties.get(SPLIT_PROPERTY)
-    return int(raw) if raw and raw.isdigit() and int(raw) > 0 else DEFAULT_SPLIT_BYTES
+    target = int(raw) if raw and raw.isdigit() and int(raw) > 0 else DEFAULT_SPLIT_BYTES
+    total = sum(_task_bytes(t) for t in tasks)
+    return max(MIN_ADAPTIVE_SPLIT_BYTES, min(target, total // max(os.cpu_count() or 1, 1)))
 
 
 def group_units(units: list[Any], target_bytes: int = DEFAULT_SPLIT_BYTES) -> list[list[Any]]:
@@ -174,6 +183,38 @@ def read_tasks(plan: ReadPlan, tasks: list[FileScanTask]) -> Iterator[pa.RecordB
     io = metadata_cache.file_io(plan.io_properties, plan.metadata_location)
     schema = Schema.model_validate_json(plan.schema_json)
     scan = ArrowScan(metadata, io, schema, plan.row_filter, case_sensitive=False)
-    for batch in scan.to_record_batches(tasks):
-        if batch.num_rows:
-            yield conform(batch, plan.arrow_schema)
+    # Batch by batch, file after file: ArrowScan.to_record_batches reads each whole file into
+    # memory (in a thread pool) before the first batch reaches Spark, which then waits instead
+    # of converting while the next batch is read (benchmark scenario 9: 3.3 s -> 2.2 s for 5M
+    # rows). pyiceberg is pinned (iceberg/compat.py), so its per-task generator is a stable seam.
+    deletes = _read_all_delete_files(io, tasks)
+    if plan.row_filter != AlwaysTrue() or not deletes:
+        for batch in scan._record_batches_from_scan_tasks_and_deletes(tasks, deletes):
+            if batch.num_rows:
+                yield conform(batch, plan.arrow_schema)
+        return
+    for task in tasks:
+        hidden = deletes.get(task.file.file_path)
+        batches = scan._record_batches_from_scan_tasks_and_deletes([task], {})
+        for batch in batches if hidden is None else _without_positions(batches, hidden):
+            if batch.num_rows:
+                yield conform(batch, plan.arrow_schema)
+
+
+def _without_positions(batches: Iterator[pa.RecordBatch], hidden: list[pa.ChunkedArray]) -> Iterator[pa.RecordBatch]:
+    """`batches` (a whole file, in order) minus the rows at `hidden` positions. pyiceberg's own
+    delete handling recomputes a set difference over all of a file's deletes for every batch,
+    which made a full scan with 10% of rows deleted take twice as long; one sorted array cut
+    per batch costs next to nothing. Only without a row filter: with one, pyiceberg filters
+    rows inside the scanner and positions no longer line up with batch rows."""
+    positions = np.unique(np.concatenate([c.to_numpy() for array in hidden for c in array.chunks]).astype(np.int64))
+    offset = 0
+    for batch in batches:
+        rows = batch.num_rows
+        lo, hi = np.searchsorted(positions, [offset, offset + rows])
+        if hi > lo:
+            keep = np.ones(rows, dtype=bool)
+            keep[positions[lo:hi] - offset] = False
+            batch = batch.filter(pa.array(keep))
+        offset += rows
+        yield batch

@@ -67,6 +67,9 @@ def test_a_keyed_table_reads_like_duckdb_and_pyiceberg_with_its_deletes_applied(
         _write(spark, warehouse, "db.keyed", changes, **_keyed(warehouse))
         live.update({r["id"]: r for r in changes})
     _assert_same_as_other_readers(spark, warehouse, "db.keyed", COLUMNS, expected_rows(live.values(), COLUMNS))
+    with _pushdown(spark):  # with a pushed filter the deletes take pyiceberg's path, not the full-scan one
+        filtered = _read(spark, warehouse, "db.keyed").filter("g = 1 AND id < 50")
+        assert _spark_rows(filtered, COLUMNS) == expected_rows([r for r in live.values() if r["g"] == 1 and r["id"] < 50], COLUMNS)
 
 
 def test_an_evolved_table_reads_old_files_with_nulls_and_widened_values(spark, warehouse: str) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,23 @@
+"""Run by test_spark_connect.py as a Spark Connect client: registers lakesink from the
+client, then a batch write, a streaming write and a read; prints what it saw as JSON."""
+
+import json
+import sys
+
+from pyspark.sql import SparkSession
+
+from lakesink_datasource import LakeSinkDataSource
+
+port, warehouse, work = sys.argv[1], sys.argv[2], sys.argv[3]
+spark = SparkSession.builder.remote(f"sc://localhost:{port}").getOrCreate()
+out = {}
+spark.dataSource.register(LakeSinkDataSource)
+spark.createDataFrame([(i, f"b{i}") for i in range(5)], "id long, v string").write.format("lakesink").option("warehouse", warehouse).mode("append").save("db.connect")
+spark.createDataFrame([(i, f"s{i}") for i in range(100, 103)], "id long, v string").write.parquet(f"{work}/src")
+q = (spark.readStream.schema("id long, v string").parquet(f"{work}/src").writeStream.format("lakesink")
+     .option("warehouse", warehouse).option("table", "db.connect").option("checkpointLocation", f"{work}/ck")
+     .trigger(availableNow=True).start())
+q.awaitTermination()
+rows = spark.read.format("lakesink").option("warehouse", warehouse).load("db.connect").collect()
+out["read"] = sorted([r["id"], r["v"]] for r in rows)
+print(json.dumps(out))
