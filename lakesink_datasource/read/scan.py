@@ -18,21 +18,28 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
-from pyiceberg.io.pyarrow import ArrowScan, _read_all_delete_files
+from pyiceberg.expressions.visitors import bind
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import ArrowScan, _read_all_delete_files, expression_to_pyarrow
+from pyiceberg.manifest import FileFormat
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.snapshots import Snapshot
 
 from lakesink_datasource.catalog import loader, sql_commit
+from lakesink_datasource.iceberg.row_lineage import field_ids
 from lakesink_datasource.options import OptionError
 from lakesink_datasource.read.options import ReadOptions
+from lakesink_datasource.schema.arrow_align import align_by_field_id, table_arrow_schema
 from lakesink_datasource.table import metadata_cache
 
 DEFAULT_SPLIT_BYTES = 128 * 1024 * 1024  # Iceberg's read.split.target-size
 SPLIT_PROPERTY = "read.split.target-size"
 MIN_ADAPTIVE_SPLIT_BYTES = 1024 * 1024
+BATCH_ROWS = 131_072  # rows per Arrow batch handed to Spark (pyarrow's scanner default)
 
 
 T = TypeVar("T")
@@ -136,6 +143,39 @@ def split_bytes(state: TableState, options: ReadOptions, tasks: list[FileScanTas
     return max(MIN_ADAPTIVE_SPLIT_BYTES, min(target, total // max(os.cpu_count() or 1, 1)))
 
 
+@dataclass(frozen=True)
+class Split:
+    """A file scan task, or some of its row groups (a file larger than a split is read by
+    several Spark tasks)."""
+
+    task: FileScanTask
+    row_groups: tuple[int, ...] | None  # None: the whole file
+    size: int
+
+
+def split_tasks(tasks: list[FileScanTask], target_bytes: int) -> list[Split]:
+    """Files larger than `target_bytes` cut at row-group boundaries (the manifest's
+    `split_offsets`, so no file is opened to plan); the rest whole."""
+    out = []
+    for task in tasks:
+        f = task.file
+        offsets = sorted(f.split_offsets or [])
+        if f.file_size_in_bytes <= target_bytes or len(offsets) < 2 or f.file_format != FileFormat.PARQUET:
+            out.append(Split(task, None, _task_bytes(task)))
+            continue
+        ends = [*offsets[1:], f.file_size_in_bytes]
+        group: list[int] = []
+        used = 0
+        for i, (start, end) in enumerate(zip(offsets, ends)):
+            if group and used + (end - start) > target_bytes:
+                out.append(Split(task, tuple(group), used))
+                group, used = [], 0
+            group.append(i)
+            used += end - start
+        out.append(Split(task, tuple(group), used))
+    return out
+
+
 def group_units(units: list[Any], target_bytes: int = DEFAULT_SPLIT_BYTES) -> list[list[Any]]:
     """Anything with a `size`, packed like scan tasks."""
     return _pack(units, lambda u: int(u.size), target_bytes)
@@ -145,10 +185,10 @@ def _task_bytes(task: FileScanTask) -> int:
     return task.file.file_size_in_bytes + sum(d.file_size_in_bytes for d in task.delete_files)
 
 
-def group_tasks(tasks: list[FileScanTask], target_bytes: int) -> list[list[FileScanTask]]:
-    """Tasks packed into groups of about `target_bytes`, largest first (first fit), so Spark
-    partitions come out even; a file larger than the target is a group of its own."""
-    return _pack(tasks, _task_bytes, target_bytes)
+def group_tasks(tasks: list[FileScanTask], target_bytes: int) -> list[list[Split]]:
+    """Splits packed into groups of about `target_bytes`, largest first (first fit), so Spark
+    partitions come out even."""
+    return _pack(split_tasks(tasks, target_bytes), lambda s: s.size, target_bytes)
 
 
 def _pack(items: list[T], size_of: Callable[[T], int], target_bytes: int) -> list[list[T]]:
@@ -178,27 +218,67 @@ def conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=target)
 
 
-def read_tasks(plan: ReadPlan, tasks: list[FileScanTask]) -> Iterator[pa.RecordBatch]:
+def read_tasks(plan: ReadPlan, splits: list[Split]) -> Iterator[pa.RecordBatch]:
     metadata = metadata_cache.load(plan.metadata_location, plan.io_properties)
     io = metadata_cache.file_io(plan.io_properties, plan.metadata_location)
     schema = Schema.model_validate_json(plan.schema_json)
     scan = ArrowScan(metadata, io, schema, plan.row_filter, case_sensitive=False)
-    # Batch by batch, file after file: ArrowScan.to_record_batches reads each whole file into
-    # memory (in a thread pool) before the first batch reaches Spark, which then waits instead
-    # of converting while the next batch is read (benchmark scenario 9: 3.3 s -> 2.2 s for 5M
-    # rows). pyiceberg is pinned (iceberg/compat.py), so its per-task generator is a stable seam.
-    deletes = _read_all_delete_files(io, tasks)
-    if plan.row_filter != AlwaysTrue() or not deletes:
-        for batch in scan._record_batches_from_scan_tasks_and_deletes(tasks, deletes):
+    deletes = _read_all_delete_files(io, [s.task for s in splits])
+    for split in splits:
+        if split.row_groups is not None:
+            batches = _read_row_groups(io, scan, split, schema, plan.row_filter, deletes.get(split.task.file.file_path))
+        elif plan.row_filter != AlwaysTrue() or split.task.file.file_path not in deletes:
+            # Batch by batch: ArrowScan.to_record_batches reads each whole file into memory
+            # before the first batch reaches Spark, which then waits instead of converting
+            # (benchmark scenario 9: 3.3 s -> 2.2 s for 5M rows). pyiceberg is pinned
+            # (iceberg/compat.py), so its per-task generator is a stable seam.
+            batches = scan._record_batches_from_scan_tasks_and_deletes([split.task], deletes)
+        else:
+            batches = _without_positions(scan._record_batches_from_scan_tasks_and_deletes([split.task], {}),
+                                         deletes[split.task.file.file_path])
+        for batch in batches:
             if batch.num_rows:
                 yield conform(batch, plan.arrow_schema)
-        return
-    for task in tasks:
-        hidden = deletes.get(task.file.file_path)
-        batches = scan._record_batches_from_scan_tasks_and_deletes([task], {})
-        for batch in batches if hidden is None else _without_positions(batches, hidden):
-            if batch.num_rows:
-                yield conform(batch, plan.arrow_schema)
+
+
+def _read_row_groups(
+    io: FileIO, scan: ArrowScan, split: Split, schema: Schema, row_filter: BooleanExpression, hidden: list[pa.ChunkedArray] | None
+) -> Iterator[pa.RecordBatch]:
+    """Some row groups of a file: columns by field id as `schema`, the file's deletes at
+    their positions in the whole file, then the row filter."""
+    assert split.row_groups is not None
+    target = table_arrow_schema(schema)
+    predicate = None if row_filter == AlwaysTrue() else expression_to_pyarrow(bind(schema, row_filter, case_sensitive=False), schema)
+    positions = _sorted_positions(hidden) if hidden else None
+    with io.new_input(split.task.file.file_path).open() as stream:
+        parquet = pq.ParquetFile(stream)
+        if not field_ids(parquet.schema_arrow):
+            # A file without field ids (a migrated one, read through a name mapping): only
+            # pyiceberg knows how, and only whole; the split holding its first row group reads it.
+            if 0 in split.row_groups:
+                yield from scan._record_batches_from_scan_tasks_and_deletes(
+                    [split.task], {split.task.file.file_path: hidden} if hidden else {})
+            return
+        rows = [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)]
+        for group in split.row_groups:
+            table = align_by_field_id(parquet.read_row_group(group), target)
+            if positions is not None:
+                table = table.filter(pa.array(_keep_mask(positions, sum(rows[:group]), table.num_rows)))
+            if predicate is not None:
+                table = table.filter(predicate)
+            yield from table.to_batches(max_chunksize=BATCH_ROWS)
+
+
+def _sorted_positions(hidden: list[pa.ChunkedArray]) -> np.ndarray:
+    return np.unique(np.concatenate([c.to_numpy() for array in hidden for c in array.chunks]).astype(np.int64))
+
+
+def _keep_mask(positions: np.ndarray, offset: int, rows: int) -> np.ndarray:
+    """Rows offset..offset+rows of a file that `positions` (sorted) do not hide."""
+    keep = np.ones(rows, dtype=bool)
+    lo, hi = np.searchsorted(positions, [offset, offset + rows])
+    keep[positions[lo:hi] - offset] = False
+    return keep
 
 
 def _without_positions(batches: Iterator[pa.RecordBatch], hidden: list[pa.ChunkedArray]) -> Iterator[pa.RecordBatch]:
@@ -207,14 +287,9 @@ def _without_positions(batches: Iterator[pa.RecordBatch], hidden: list[pa.Chunke
     which made a full scan with 10% of rows deleted take twice as long; one sorted array cut
     per batch costs next to nothing. Only without a row filter: with one, pyiceberg filters
     rows inside the scanner and positions no longer line up with batch rows."""
-    positions = np.unique(np.concatenate([c.to_numpy() for array in hidden for c in array.chunks]).astype(np.int64))
+    positions = _sorted_positions(hidden)
     offset = 0
     for batch in batches:
         rows = batch.num_rows
-        lo, hi = np.searchsorted(positions, [offset, offset + rows])
-        if hi > lo:
-            keep = np.ones(rows, dtype=bool)
-            keep[positions[lo:hi] - offset] = False
-            batch = batch.filter(pa.array(keep))
+        yield batch.filter(pa.array(_keep_mask(positions, offset, rows)))
         offset += rows
-        yield batch

@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 
+from lakesink_datasource.iceberg.row_lineage import FIELD_ID_KEY, field_ids
 from lakesink_datasource.schema.spark_types import SchemaError
 
 
@@ -105,3 +106,15 @@ class BatchAligner:
                 column = align_array(column, field.type)
             columns.append(column)
         return pa.Table.from_arrays(columns, schema=self._target)
+
+
+def align_by_field_id(table: pa.Table, target: pa.Schema) -> pa.Table:
+    """A data file's columns as `target` (whose fields carry Parquet field ids): matched by
+    field id, so renamed or reordered columns and columns of other engines read right;
+    columns the file predates as nulls; promoted types cast; structs aligned by name."""
+    by_id = field_ids(table.schema)
+    columns = []
+    for f in target:
+        index = by_id.get(int(f.metadata[FIELD_ID_KEY])) if f.metadata and FIELD_ID_KEY in f.metadata else None
+        columns.append(pa.nulls(table.num_rows, f.type) if index is None else align_array(table.column(index), f.type))
+    return pa.Table.from_arrays(columns, schema=target)

@@ -134,3 +134,20 @@ def test_sql_reads_go_through_a_temporary_view_and_a_catalog_table_says_so(spark
             spark.sql("SELECT * FROM sqlread_catalog").collect()
     finally:
         spark.sql("DROP TABLE IF EXISTS sqlread_catalog")
+
+
+def test_a_large_file_is_read_by_several_tasks_cut_at_row_groups(spark, warehouse: str) -> None:  # type: ignore[no-untyped-def]
+    live = {i: {"id": i, "v": f"a{i}", "g": i % 4} for i in range(20_000)}
+    # One file of many small row groups, then an upsert that hides rows all over it.
+    _write(spark, warehouse, "db.big", list(live.values()), **_keyed(warehouse, maintenance="off"),
+           **{"property.write.parquet.row-group-size-bytes": "16384"})
+    changes = [{"id": i, "v": f"b{i}", "g": i % 4} for i in range(0, 20_000, 9)]
+    _write(spark, warehouse, "db.big", changes, **_keyed(warehouse, maintenance="off"))
+    live.update({r["id"]: r for r in changes})
+    split = _read(spark, warehouse, "db.big", split_size_bytes="16384")
+    assert split.rdd.getNumPartitions() >= 6  # the 98 KiB file of 26 row groups is cut into several
+    assert _spark_rows(split, COLUMNS) == expected_rows(live.values(), COLUMNS)
+    with _pushdown(spark):
+        filtered = _read(spark, warehouse, "db.big", split_size_bytes="16384").filter("g = 2 AND id >= 15000")
+        wanted = [r for r in live.values() if r["g"] == 2 and r["id"] >= 15000]
+        assert _spark_rows(filtered, COLUMNS) == expected_rows(wanted, COLUMNS)
