@@ -29,11 +29,20 @@ class OptionError(ValueError):
     """A write option is missing, unknown or malformed. Raised before anything is written."""
 
 
-class WriteOptions(msgspec.Struct, frozen=True, kw_only=True):
+class TableTarget(msgspec.Struct, frozen=True, kw_only=True):
+    """Which table, in which catalog: what reads and writes both name."""
+
     table: str
     warehouse: str
     catalog: str | None = None
     catalog_properties: dict[str, str] = {}
+
+    @property
+    def uses_embedded_catalog(self) -> bool:
+        return self.catalog is None and not self.catalog_properties
+
+
+class WriteOptions(TableTarget, frozen=True, kw_only=True):
     partition_by: str | None = None
     target_file_size_bytes: int | None = None  # None: the table's write.target-file-size-bytes
     format_version: int | None = None  # of a table lakesink creates (None: 3); checked against an existing one
@@ -58,10 +67,6 @@ class WriteOptions(msgspec.Struct, frozen=True, kw_only=True):
     delete_ops: tuple[str, ...] = ("d",)
     sequence_column: str | None = None
     index_dir: str | None = None
-
-    @property
-    def uses_embedded_catalog(self) -> bool:
-        return self.catalog is None and not self.catalog_properties
 
 
 _SIMPLE = {

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Protocol
 
 import msgspec
 from pyiceberg.catalog import Catalog, load_catalog
+
+from lakesink_datasource.options import TableTarget
 
 EMBEDDED_CATALOG_NAME = "lakesink"
 
@@ -25,20 +26,7 @@ class CatalogConfig(msgspec.Struct, frozen=True):
     properties: dict[str, str]
 
 
-class CatalogOptions(Protocol):
-    """What a catalog is resolved from: write and read options both carry it."""
-
-    @property
-    def warehouse(self) -> str: ...
-    @property
-    def catalog(self) -> str | None: ...
-    @property
-    def catalog_properties(self) -> dict[str, str]: ...
-    @property
-    def uses_embedded_catalog(self) -> bool: ...
-
-
-def catalog_config(options: CatalogOptions) -> CatalogConfig:
+def catalog_config(options: TableTarget) -> CatalogConfig:
     if options.uses_embedded_catalog:
         warehouse = options.warehouse
         return CatalogConfig(

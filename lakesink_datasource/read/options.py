@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 import msgspec
 
-from lakesink_datasource.options import DEFAULT_WAREHOUSE, OptionError
+from lakesink_datasource.options import DEFAULT_WAREHOUSE, OptionError, TableTarget
 
 _STREAM_ONLY = {"starting_snapshot_id", "starting_timestamp", "max_files_per_trigger", "read_changes"}
 _READ = {"table", "warehouse", "catalog", "snapshot_id", "as_of_timestamp", "branch", "split_size_bytes", *_STREAM_ONLY}
@@ -29,11 +29,7 @@ SQL_READ_HINT = (
 )
 
 
-class ReadOptions(msgspec.Struct, frozen=True, kw_only=True):
-    table: str
-    warehouse: str
-    catalog: str | None = None
-    catalog_properties: dict[str, str] = {}
+class ReadOptions(TableTarget, frozen=True, kw_only=True):
     snapshot_id: int | None = None
     as_of_timestamp_ms: int | None = None
     branch: str | None = None  # a branch or tag name to read the head of
@@ -55,10 +51,6 @@ class ReadOptions(msgspec.Struct, frozen=True, kw_only=True):
         }
         return [name for name, present in given.items() if present]
 
-    @property
-    def uses_embedded_catalog(self) -> bool:
-        return self.catalog is None and not self.catalog_properties
-
 
 def parse_timestamp_ms(name: str, raw: str) -> int:
     """Milliseconds since the epoch, or an ISO-8601 time (UTC unless it names a zone)."""
@@ -75,6 +67,13 @@ def parse_timestamp_ms(name: str, raw: str) -> int:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return int(moment.timestamp() * 1000)
+
+
+def _snapshot_id(name: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise OptionError(f"option '{name}' must be a snapshot id (an integer), got {raw!r}") from None
 
 
 def _positive(name: str, raw: str) -> int:
@@ -116,11 +115,9 @@ def parse_read_options(raw: Mapping[str, str]) -> ReadOptions:
         "catalog_properties": catalog_properties,
         "branch": values.get("branch", "").strip() or None,
     }
-    if "snapshot_id" in values:
-        try:
-            kwargs["snapshot_id"] = int(values["snapshot_id"])
-        except ValueError:
-            raise OptionError(f"option 'snapshot_id' must be an integer, got {values['snapshot_id']!r}") from None
+    for name in ("snapshot_id", "starting_snapshot_id"):
+        if name in values:
+            kwargs[name] = _snapshot_id(name, values[name])
     if "as_of_timestamp" in values:
         kwargs["as_of_timestamp_ms"] = parse_timestamp_ms("as_of_timestamp", values["as_of_timestamp"])
     chosen = [n for n in ("snapshot_id", "as_of_timestamp", "branch") if values.get(n, "").strip()]
@@ -129,11 +126,6 @@ def parse_read_options(raw: Mapping[str, str]) -> ReadOptions:
     for name in ("split_size_bytes", "max_files_per_trigger"):
         if name in values:
             kwargs[name] = _positive(name, values[name])
-    if "starting_snapshot_id" in values:
-        try:
-            kwargs["starting_snapshot_id"] = int(values["starting_snapshot_id"])
-        except ValueError:
-            raise OptionError(f"option 'starting_snapshot_id' must be an integer, got {values['starting_snapshot_id']!r}") from None
     if "starting_timestamp" in values:
         kwargs["starting_timestamp_ms"] = parse_timestamp_ms("starting_timestamp", values["starting_timestamp"])
     if "starting_snapshot_id" in values and "starting_timestamp" in values:
