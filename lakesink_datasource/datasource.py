@@ -11,18 +11,13 @@ Driver:   writer.commit(messages[, batchId]) -> commit.committer.commit_write (o
 from __future__ import annotations
 
 import logging
-import sys
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
-    DataSourceReader,
     DataSourceStreamArrowWriter,
-    Filter,
-    InputPartition,
     WriterCommitMessage,
 )
 from pyspark.sql.types import StructType
@@ -34,10 +29,9 @@ from lakesink_datasource.maintenance.tombstone_storing import store_tombstones_s
 from lakesink_datasource.messages import decode_messages
 from lakesink_datasource.options import OptionError, parse_options
 from lakesink_datasource.progress import report_batch
+from lakesink_datasource.read.batch import LakeSinkFilteringReader, LakeSinkReader, filter_pushdown_enabled
 from lakesink_datasource.read.changes import CHANGE_TYPE, COMMIT_SNAPSHOT_ID
-from lakesink_datasource.read.filters import conjunction, to_iceberg
-from lakesink_datasource.read.options import ReadOptions, parse_read_options
-from lakesink_datasource.read.scan import ReadPlan, TableState, group_tasks, plan_tasks, read_tasks, resolve_state, split_bytes
+from lakesink_datasource.read.options import parse_read_options
 from lakesink_datasource.read.stream import LakeSinkStreamReader
 from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.table.setup import plan_write
@@ -78,7 +72,7 @@ class LakeSinkDataSource(DataSource):
                 f"option(s) {', '.join(repr(o) for o in options.stream_options)} apply to spark.readStream; a batch read "
                 "reads one state of the table (snapshot_id, as_of_timestamp or branch choose which)"
             )
-        reader_class = LakeSinkFilteringReader if _filter_pushdown_enabled() else LakeSinkReader
+        reader_class = LakeSinkFilteringReader if filter_pushdown_enabled() else LakeSinkReader
         return reader_class(options, schema)
 
     def streamReader(self, schema: StructType) -> LakeSinkStreamReader:
@@ -144,65 +138,3 @@ class LakeSinkStreamWriter(DataSourceStreamArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         abort_write(self.plan, decode_messages(messages), batch_id=batchId)
 
-
-def _filter_pushdown_enabled() -> bool:
-    """Is Spark planning this read with filter pushdown on? Spark refuses a reader that
-    implements pushFilters unless spark.sql.python.filterPushdown.enabled is true (off by
-    default), so the filtering reader is handed out only when the planning worker that called
-    reader() says pushdown is on. Anything unrecognised means off: Spark filters then."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        source = frame.f_code.co_filename
-        if source.endswith("data_source_pushdown_filters.py"):
-            return True
-        if source.endswith("plan_data_source_read.py") and "enable_pushdown" in frame.f_locals:
-            return bool(frame.f_locals["enable_pushdown"])
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
-
-
-class TaskGroup(InputPartition):
-    """One Spark partition of a read: file scan tasks read by one Spark task."""
-
-
-class LakeSinkReader(DataSourceReader):
-    """`spark.read.format("lakesink")` and temporary views `USING lakesink`."""
-
-    def __init__(self, options: ReadOptions, schema: StructType):
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        self._options = options
-        self._state: TableState | None = resolve_state(options)  # the driver's only: not pickled
-        self._filters: list[Any] = []
-        self.plan = ReadPlan(
-            metadata_location=self._state.table.metadata_location,
-            io_properties=dict(self._state.table.io.properties),
-            schema_json=self._state.schema.model_dump_json(),
-            arrow_schema=to_arrow_schema(schema, timezone="UTC"),
-        )
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_state": None}
-
-    def partitions(self) -> list[InputPartition]:
-        assert self._state is not None, "partitions() runs where the reader was made"
-        tasks = plan_tasks(self._state, self.plan.row_filter)
-        groups = group_tasks(tasks, split_bytes(self._state, self._options, tasks))
-        return [TaskGroup(g) for g in groups] or [TaskGroup([])]
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        yield from read_tasks(self.plan, partition.value)
-
-
-class LakeSinkFilteringReader(LakeSinkReader):
-    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
-        assert self._state is not None
-        taken, left = [], []
-        for f in filters:
-            expression = to_iceberg(f, self._state.schema)
-            if expression is None:
-                left.append(f)  # Spark evaluates it
-            else:
-                taken.append(expression)
-        self.plan.row_filter = conjunction(taken)
-        return left

@@ -1,0 +1,78 @@
+"""`spark.read.format("lakesink")` and temporary views `USING lakesink`: the Spark classes
+over read/scan.py (planning and reading) and read/filters.py (pushdown)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
+from pyspark.sql.types import StructType
+
+from lakesink_datasource.read.filters import conjunction, to_iceberg
+from lakesink_datasource.read.options import ReadOptions
+from lakesink_datasource.read.scan import ReadPlan, TableState, group_tasks, plan_tasks, read_tasks, resolve_state, split_bytes
+
+
+def filter_pushdown_enabled() -> bool:
+    """Is Spark planning this read with filter pushdown on? Spark refuses a reader that
+    implements pushFilters unless spark.sql.python.filterPushdown.enabled is true (off by
+    default), so the filtering reader is handed out only when the planning worker that called
+    reader() says pushdown is on. Anything unrecognised means off: Spark filters then."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        source = frame.f_code.co_filename
+        if source.endswith("data_source_pushdown_filters.py"):
+            return True
+        if source.endswith("plan_data_source_read.py") and "enable_pushdown" in frame.f_locals:
+            return bool(frame.f_locals["enable_pushdown"])
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+class TaskGroup(InputPartition):
+    """One Spark partition of a read: file scan tasks read by one Spark task."""
+
+
+class LakeSinkReader(DataSourceReader):
+    """`spark.read.format("lakesink")` and temporary views `USING lakesink`."""
+
+    def __init__(self, options: ReadOptions, schema: StructType):
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self._options = options
+        self._state: TableState | None = resolve_state(options)  # the driver's only: not pickled
+        self.plan = ReadPlan(
+            metadata_location=self._state.table.metadata_location,
+            io_properties=dict(self._state.table.io.properties),
+            schema_json=self._state.schema.model_dump_json(),
+            arrow_schema=to_arrow_schema(schema, timezone="UTC"),
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_state": None}
+
+    def partitions(self) -> list[InputPartition]:
+        assert self._state is not None, "partitions() runs where the reader was made"
+        tasks = plan_tasks(self._state, self.plan.row_filter)
+        groups = group_tasks(tasks, split_bytes(self._state, self._options, tasks))
+        return [TaskGroup(g) for g in groups] or [TaskGroup([])]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield from read_tasks(self.plan, partition.value)
+
+
+class LakeSinkFilteringReader(LakeSinkReader):
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        assert self._state is not None
+        taken, left = [], []
+        for f in filters:
+            expression = to_iceberg(f, self._state.schema)
+            if expression is None:
+                left.append(f)  # Spark evaluates it
+            else:
+                taken.append(expression)
+        self.plan.row_filter = conjunction(taken)
+        return left
