@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import ManifestEntry
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema, index_by_id
 from pyiceberg.table import Table
 
 from lakesink_datasource.commit.cleanup import delete_files, dropped_metadata_files
@@ -75,6 +77,8 @@ def plan_for(
     stats: list[FileStats] = []
     for entry in live_data_files(table.io, snapshot):
         f = entry.data_file
+        if f.spec_id != metadata.default_spec_id and not _sources_present(specs[f.spec_id], schema):
+            continue  # an earlier spec on a column since dropped: its partition values cannot be re-read
         dv = dvs.get(f.file_path)
         inputs[f.file_path] = RewriteInput(entry, dv)
         # Files of an earlier spec merge with the files of their own old partition; what
@@ -86,6 +90,11 @@ def plan_for(
         ))
     plan = plan_compaction(stats, target_file_size or settings.target_file_size_bytes, budget_bytes, tiered=tiered, min_files=min_files)
     return plan, inputs
+
+
+def _sources_present(spec: PartitionSpec, schema: Schema) -> bool:
+    ids = set(index_by_id(schema))
+    return all(f.source_id in ids for f in spec.fields)
 
 
 def _dv_identity(dv: ManifestEntry | None) -> tuple[str, int | None] | None:

@@ -39,7 +39,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 from pyroaring import BitMap64
 
-from lakesink_datasource.iceberg.live_files import live_data_files, live_position_deletes, read_hidden_positions
+from lakesink_datasource.iceberg.live_files import live_data_files, live_entries, live_position_deletes, read_hidden_positions
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
 from lakesink_datasource.iceberg.manifests import deleted_data_file, read_entries
 from lakesink_datasource.table import metadata_cache
@@ -69,26 +69,29 @@ class Unit:
         return int(self.data_file.file_size_in_bytes)
 
 
-def snapshots_between(metadata: TableMetadata, start: int, end: int, *, scan_all: bool) -> list[Snapshot]:
-    """The snapshots after `start` up to `end`, oldest first, along `end`'s ancestry. With
-    `scan_all` (nothing read yet) the walk may stop at the oldest retained ancestor."""
-    chain: list[Snapshot] = []
+def snapshots_between(metadata: TableMetadata, start: int, end: int) -> list[Snapshot]:
+    """The snapshots after `start` up to `end`, oldest first, along `end`'s ancestry. From
+    NOTHING the walk ends at the root or at the oldest retained ancestor; from a snapshot it
+    must reach that snapshot, else the changes in between are not all knowable."""
     snapshot = metadata.snapshot_by_id(end)
-    while snapshot is not None and snapshot.snapshot_id != start:
+    if snapshot is None:
+        raise StreamReadError(f"snapshot {end} is not in the table's history (expired?); start a new query")
+    chain: list[Snapshot] = []
+    while True:
         chain.append(snapshot)
         parent_id = snapshot.parent_snapshot_id
-        if parent_id is None or parent_id == start:
+        if parent_id is not None and parent_id == start:
             break
-        parent = metadata.snapshot_by_id(parent_id)
-        if parent is None and not scan_all:
+        parent = metadata.snapshot_by_id(parent_id) if parent_id is not None else None
+        if parent is None:
+            if start == NOTHING:
+                break  # the root, or the oldest snapshot still retained
             raise StreamReadError(
-                f"snapshot {start}, where this stream stopped reading, is no longer in the table's history (expired, "
-                f"or not an ancestor of snapshot {end}); the changes since cannot all be read. Start a new query "
-                f"(new checkpoint) with starting_snapshot_id set to a retained snapshot"
+                f"snapshot {start}, where this stream stopped reading, is not an ancestor of snapshot {end} that is "
+                "still retained (it expired, or the table was rolled back); the changes since cannot all be read. "
+                "Start a new query (new checkpoint), with starting_snapshot_id set to a retained snapshot if needed"
             )
         snapshot = parent
-    if snapshot is None and end != start:
-        raise StreamReadError(f"snapshot {end} is not in the table's history")
     return list(reversed(chain))
 
 
@@ -97,7 +100,8 @@ def _added(io: FileIO, snapshot: Snapshot, content: ManifestContent, status: Man
     out: list[ManifestEntry] = []
     for manifest in read_manifest_list(io, snapshot.manifest_list):
         if manifest.content == content and manifest.added_snapshot_id == snapshot.snapshot_id:
-            out += [e for e in read_entries(io, manifest, live_only=False) if e.status == status]
+            out += [e for e in read_entries(io, manifest, live_only=False)
+                    if e.status == status and e.snapshot_id == snapshot.snapshot_id]
     return out
 
 
@@ -118,10 +122,27 @@ def _changes_rows(snapshot: Snapshot) -> bool:
     return removed > 0 or int(summary.get("added-dvs") or 0) > 0 or int(summary.get("added-delete-files") or 0) > 0
 
 
+def _refuse_other_deletes(entries: list[ManifestEntry], sid: int) -> None:
+    """Equality deletes, or position deletes that cover several files, cannot be read as
+    rows here: emitting around them would emit deleted rows or miss deletes."""
+    for e in entries:
+        if e.data_file.content == DataFileContent.EQUALITY_DELETES or deleted_data_file(e.data_file) is None:
+            raise StreamReadError(
+                f"snapshot {sid} has delete file {e.data_file.file_path} ({e.data_file.content.name.lower()}, not one "
+                "data file's position deletes), which a lakesink stream cannot read; rewrite the table's deletes "
+                "(Iceberg Java: rewrite_data_files or rewrite_position_delete_files) or start after it"
+            )
+
+
 def units_for(metadata: TableMetadata, io: FileIO, snapshot: Snapshot, *, full: bool, read_changes: bool) -> list[Unit]:
-    """The rows `snapshot` contributes to the stream (its whole state when `full`)."""
+    """The rows `snapshot` contributes to the stream (its whole state when `full`).
+
+    Its changes are read from the entries it wrote itself: data files ADDED and DELETED, and
+    position deletes ADDED (its new DVs) and DELETED (the DVs they replace, or of files it
+    removed), so no parent state is needed and an expired parent changes nothing."""
     sid = snapshot.snapshot_id
     if full:
+        _refuse_other_deletes(live_entries(io, snapshot, ManifestContent.DELETES), sid)
         dvs = live_position_deletes(io, snapshot)
         return [Unit(sid, "insert", e.data_file, _bitmap(io, dvs.get(e.data_file.file_path)).serialize(), False)
                 for e in live_data_files(io, snapshot)]
@@ -134,12 +155,15 @@ def units_for(metadata: TableMetadata, io: FileIO, snapshot: Snapshot, *, full: 
             "set read_changes=true to read a change feed (inserts, deletes and updates), or start a new query after "
             f"it with starting_snapshot_id"
         )
-    parent = metadata.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id is not None else None
-    now = live_position_deletes(io, snapshot) if read_changes else {}
-    before = live_position_deletes(io, parent) if read_changes and parent is not None else {}
+    added_deletes = _added(io, snapshot, ManifestContent.DELETES, ManifestEntryStatus.ADDED)
+    _refuse_other_deletes(added_deletes, sid)
+    now = {deleted_data_file(e.data_file): e for e in added_deletes}
+    before = {deleted_data_file(e.data_file): e for e in _added(io, snapshot, ManifestContent.DELETES, ManifestEntryStatus.DELETED)}
     units = []
+    added_files = set()
     for e in _added(io, snapshot, ManifestContent.DATA, ManifestEntryStatus.ADDED):
         if e.data_file.content == DataFileContent.DATA:
+            added_files.add(e.data_file.file_path)
             hidden = _bitmap(io, now.get(e.data_file.file_path))  # rows its own snapshot already hid
             units.append(Unit(sid, "insert", e.data_file, hidden.serialize(), False))
     if not read_changes:
@@ -147,16 +171,13 @@ def units_for(metadata: TableMetadata, io: FileIO, snapshot: Snapshot, *, full: 
     for e in _added(io, snapshot, ManifestContent.DATA, ManifestEntryStatus.DELETED):
         path = e.data_file.file_path
         units.append(Unit(sid, "delete", e.data_file, _bitmap(io, before.get(path)).serialize(), False))
-    data_files = {e.data_file.file_path: e.data_file for e in live_data_files(io, snapshot)} if now else {}
-    for e in _added(io, snapshot, ManifestContent.DELETES, ManifestEntryStatus.ADDED):
-        target = deleted_data_file(e.data_file)
-        if target is None or target not in data_files or target not in now:
-            continue  # a DV of a file this snapshot added (counted above) or removed
-        if any(u.data_file.file_path == target and u.change == "insert" for u in units):
-            continue
-        newly = _bitmap(io, now[target]) - _bitmap(io, before.get(target))
-        if newly:
-            units.append(Unit(sid, "delete", data_files[target], newly.serialize(), True))
+    targets = [t for t in now if t is not None and t not in added_files]
+    if targets:
+        data_files = {e.data_file.file_path: e.data_file for e in live_data_files(io, snapshot)}
+        for target in targets:
+            newly = _bitmap(io, now[target]) - _bitmap(io, before.get(target))
+            if newly and target in data_files:
+                units.append(Unit(sid, "delete", data_files[target], newly.serialize(), True))
     return units
 
 

@@ -30,7 +30,7 @@ from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.snapshots import Snapshot
 
 from lakesink_datasource.catalog import loader, sql_commit
-from lakesink_datasource.iceberg.row_lineage import field_ids
+from lakesink_datasource.iceberg.row_lineage import FIELD_ID_KEY, field_ids
 from lakesink_datasource.options import OptionError
 from lakesink_datasource.read.options import ReadOptions
 from lakesink_datasource.schema.arrow_align import align_by_field_id, table_arrow_schema
@@ -252,9 +252,9 @@ def _read_row_groups(
     positions = _sorted_positions(hidden) if hidden else None
     with io.new_input(split.task.file.file_path).open() as stream:
         parquet = pq.ParquetFile(stream)
-        if not field_ids(parquet.schema_arrow):
-            # A file without field ids (a migrated one, read through a name mapping): only
-            # pyiceberg knows how, and only whole; the split holding its first row group reads it.
+        if not _plain_columns(parquet, target, split.task):
+            # Only pyiceberg projects this file right (see _plain_columns), and only whole:
+            # the split holding its first row group reads it, the others nothing.
             if 0 in split.row_groups:
                 yield from scan._record_batches_from_scan_tasks_and_deletes(
                     [split.task], {split.task.file.file_path: hidden} if hidden else {})
@@ -267,6 +267,19 @@ def _read_row_groups(
             if predicate is not None:
                 table = table.filter(predicate)
             yield from table.to_batches(max_chunksize=BATCH_ROWS)
+
+
+def _plain_columns(parquet: pq.ParquetFile, target: pa.Schema, task: FileScanTask) -> bool:
+    """Can lakesink read row groups of this file itself? Only when the file has every column
+    of `target` under its field id, none of them nested, and as many row groups as the
+    manifest's split offsets: a missing column may need a value from the partition (identity
+    partitions of imported files), a nested one an alignment by field id all the way down,
+    and a file without field ids a name mapping. pyiceberg's scan handles all of those."""
+    if parquet.num_row_groups != len(task.file.split_offsets or []):
+        return False
+    if any(pa.types.is_nested(f.type) for f in target):
+        return False
+    return {int(f.metadata[FIELD_ID_KEY]) for f in target} <= set(field_ids(parquet.schema_arrow))
 
 
 def _sorted_positions(hidden: list[pa.ChunkedArray]) -> np.ndarray:

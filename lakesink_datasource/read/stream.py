@@ -42,7 +42,9 @@ class LakeSinkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._schema_json = iceberg_schema.model_dump_json()
         self._key_columns = tuple(iceberg_schema.find_column_name(i) or "" for i in sorted(iceberg_schema.identifier_field_ids))
         self._arrow_schema = to_arrow_schema(schema, timezone="UTC")
-        self._target: int | None = None  # trigger(availableNow=True): the head when the query started
+        # trigger(availableNow=True): the head when the query started (None: the table was empty)
+        self._available_now = False
+        self._target: int | None = None
 
     def _head(self) -> tuple[Any, int | None]:
         table = load_table(self._options)
@@ -63,12 +65,13 @@ class LakeSinkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return {"snapshot_id": start.parent_snapshot_id or NOTHING, "scan_all": False}
         if options.starting_timestamp_ms is not None:
             # The stream starts with the first snapshot committed at or after the time.
-            before = [s for s in snapshots_between(metadata, NOTHING, head, scan_all=True)
+            before = [s for s in snapshots_between(metadata, NOTHING, head)
                       if s.timestamp_ms < options.starting_timestamp_ms] if head is not None else []
             return {"snapshot_id": before[-1].snapshot_id if before else NOTHING, "scan_all": False}
         return {"snapshot_id": NOTHING, "scan_all": True}
 
     def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now = True
         self._target = self._head()[1]
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -78,14 +81,14 @@ class LakeSinkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
         table, head = self._head()
-        if self._target is not None:
-            head = self._target
+        if self._available_now:
+            head = self._target  # nothing committed after the query started is read
         if head is None or head == start["snapshot_id"]:
             return start
         if not isinstance(limit, ReadMaxFiles):
             return {"snapshot_id": head, "scan_all": False}
         # Whole snapshots, as many as fit in the file budget (always at least one).
-        chain = snapshots_between(table.metadata, start["snapshot_id"], head, scan_all=start["scan_all"])
+        chain = snapshots_between(table.metadata, start["snapshot_id"], head)
         files = 0
         end = chain[0].snapshot_id
         for i, snapshot in enumerate(chain):
@@ -102,7 +105,7 @@ class LakeSinkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return []
         table = load_table(self._options)
         metadata, io = table.metadata, table.io
-        chain = snapshots_between(metadata, start["snapshot_id"], end["snapshot_id"], scan_all=start["scan_all"])
+        chain = snapshots_between(metadata, start["snapshot_id"], end["snapshot_id"])
         per_snapshot = [
             units_for(metadata, io, s, full=start["scan_all"] and i == 0, read_changes=self._options.read_changes)
             for i, s in enumerate(chain)

@@ -12,12 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.schema import Schema, index_by_id
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import AddSchemaUpdate, AssertCurrentSchemaId, AssertLastAssignedFieldId
-from pyiceberg.types import IcebergType, ListType, MapType
-from pyiceberg.types import StructType as IcebergStruct
 from pyspark.sql.types import StructType
 
 from lakesink_datasource.catalog import sql_commit
@@ -34,31 +31,6 @@ class StagedSchema:
     changes: list[str]
 
 
-def _shape(t: IcebergType) -> object:
-    """A type with its field ids left out: two schemas of one shape differ only in ids."""
-    if isinstance(t, IcebergStruct):
-        return tuple((f.name, f.required, _shape(f.field_type)) for f in t.fields)
-    if isinstance(t, ListType):
-        return ("list", t.element_required, _shape(t.element_type))
-    if isinstance(t, MapType):
-        return ("map", _shape(t.key_type), t.value_required, _shape(t.value_type))
-    return str(t)
-
-
-def _already_staged(metadata: TableMetadata, wanted: Schema) -> Schema | None:
-    """A schema staged earlier (not current) that is exactly `wanted` up to the ids of its new
-    fields, and keeps every current field's id: reusing it spares a second staged copy when one
-    write is planned twice (Spark plans a stream's first batch and its commit separately)."""
-    current = metadata.schema()
-    kept = index_by_id(current).keys()
-    for candidate in metadata.schemas:
-        if candidate.schema_id <= current.schema_id or _shape(candidate.as_struct()) != _shape(wanted.as_struct()):
-            continue
-        if kept <= index_by_id(candidate).keys():
-            return candidate
-    return None
-
-
 def stage_evolution(table: Table, incoming: StructType, key_columns: tuple[str, ...]) -> StagedSchema | None:
     """Stage the schema that accepts `incoming` (None when the current one already does)."""
     for _ in range(_ATTEMPTS):
@@ -70,9 +42,6 @@ def stage_evolution(table: Table, incoming: StructType, key_columns: tuple[str, 
         )
         if not evolution.changed:
             return None
-        earlier = _already_staged(metadata, evolution.schema)
-        if earlier is not None:
-            return StagedSchema(table, earlier, current.schema_id, evolution.changes)
         schema = Schema(
             *evolution.schema.fields,
             schema_id=max(s.schema_id for s in metadata.schemas) + 1,

@@ -96,5 +96,9 @@ def stage_spec(table: Table, wanted: PartitionSpec) -> StagedSpec:
             table = sql_commit.load_table(table.catalog, ".".join(table.name()))
             continue
         staged = Table(table.name(), metadata=response.metadata, metadata_location=response.metadata_location, io=table.io, catalog=table.catalog)
-        return StagedSpec(staged, spec, metadata.default_spec_id)
+        # As the catalog stored it: a REST catalog may assign the spec id itself.
+        stored = existing_spec(response.metadata, wanted)
+        if stored is None:
+            raise CommitFailedException(f"the catalog did not keep the new partition spec of {'.'.join(table.name())}")
+        return StagedSpec(staged, stored, metadata.default_spec_id)
     raise CommitFailedException(f"could not stage the new partition spec of {'.'.join(table.name())}: other writers kept changing it")

@@ -108,3 +108,19 @@ def test_the_change_feed_of_a_cdc_table_replays_every_later_snapshot(spark, ware
         assert Counter(state.items()) == then
     second = {(r["id"], r["_change_type"]) for r in by_snapshot[snapshots[1]]}
     assert second == {(2, "update_before"), (2, "update_after"), (3, "delete"), (4, "insert")}
+
+
+def test_a_stream_over_expired_history_starts_with_the_oldest_retained_snapshot(spark, warehouse: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    keep_two = {"property.history.expire.max-snapshot-age-ms": "1", "property.history.expire.min-snapshots-to-keep": "2"}
+    batches = [_batch(10 * i, 3, f"e{i}-") for i in range(4)]
+    for b in batches[:3]:
+        _write(spark, warehouse, "db.expiring", b, **keep_two)
+    table = load(warehouse, "db.expiring")
+    oldest = min(table.metadata.snapshots, key=lambda s: s.sequence_number)
+    assert len(table.metadata.snapshots) == 2 and table.metadata.snapshot_by_id(oldest.parent_snapshot_id) is None
+    checkpoint, sink = tmp_path / "ck", tmp_path / "out"
+    _stream(spark, warehouse, "db.expiring", checkpoint, sink)
+    assert _sink(spark, sink, COLUMNS) == expected_rows([r for b in batches[:3] for r in b], COLUMNS)
+    _write(spark, warehouse, "db.expiring", batches[3], **keep_two)  # expires the stream's start's parent again
+    _stream(spark, warehouse, "db.expiring", checkpoint, sink)
+    assert _sink(spark, sink, COLUMNS) == expected_rows([r for b in batches for r in b], COLUMNS)

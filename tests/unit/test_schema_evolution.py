@@ -157,17 +157,6 @@ def test_keyed_upserts_work_across_an_evolution(warehouse: str) -> None:
     assert check_table(load(warehouse, IDENT)) == []
 
 
-def test_planning_one_evolving_write_twice_stages_one_schema(warehouse: str) -> None:
-    _write(warehouse, V1, A1, OLD)
-    first = _plan(warehouse, V2, merge_schema="true")
-    second = _plan(warehouse, V2, merge_schema="true")  # what Spark does for a stream's commit
-    assert len(load(warehouse, IDENT).metadata.schemas) == 2
-    assert first.write_schema_json == second.write_schema_json
-    _land(second, A2, NEW)
-    table = load(warehouse, IDENT)
-    assert table.schema().schema_id == 1 and [f.name for f in table.schema().fields][-2:] == ["tag", "items"]
-
-
 def test_cdc_and_dedupe_work_across_an_evolution(warehouse: str) -> None:
     base = T.StructType([_field("id", T.LongType(), False), _field("v", T.StringType()), _field("op", T.StringType())])
     arrow = pa.schema([pa.field("id", pa.int64(), False), ("v", pa.string()), ("op", pa.string())])
