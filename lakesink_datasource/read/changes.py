@@ -217,6 +217,18 @@ def _keys(table: pa.Table, key_columns: tuple[str, ...]) -> list[tuple[object, .
     return list(zip(*columns)) if columns else [()] * table.num_rows
 
 
+def _rows_of(parts: list[tuple[Unit, pa.Table]], change: str, keys: set[tuple[object, ...]],
+             key_columns: tuple[str, ...]) -> dict[tuple[object, ...], tuple[object, ...]]:
+    """Whole rows (as tuples) of the units of one kind, by key, for `keys` only."""
+    out = {}
+    for unit, rows in parts:
+        if unit.change == change:
+            for key, row in zip(_keys(rows, key_columns), zip(*(rows.column(i).to_pylist() for i in range(rows.num_columns)))):
+                if key in keys:
+                    out[key] = row
+    return out
+
+
 def _label(snapshot_id: int, parts: list[tuple[Unit, pa.Table]], key_columns: tuple[str, ...]) -> Iterator[pa.Table]:
     deleted_keys: set[tuple[object, ...]] = set()
     inserted_keys: set[tuple[object, ...]] = set()
@@ -224,7 +236,15 @@ def _label(snapshot_id: int, parts: list[tuple[Unit, pa.Table]], key_columns: tu
         for unit, rows in parts:
             (deleted_keys if unit.change == "delete" else inserted_keys).update(_keys(rows, key_columns))
     updated = deleted_keys & inserted_keys
+    # A key rewritten with exactly the same values (an upsert of an unchanged row, another
+    # engine's copy-on-write rewrite) changed nothing: its before/after pair is a carry-over,
+    # left out as Iceberg's changelog view leaves it out.
+    before, after = _rows_of(parts, "delete", updated, key_columns), _rows_of(parts, "insert", updated, key_columns)
+    carried = {k for k in updated if before.get(k) == after.get(k)}
+    updated -= carried
     for unit, rows in parts:
+        if rows.num_rows and carried:
+            rows = rows.filter(pa.array([k not in carried for k in _keys(rows, key_columns)]))
         if rows.num_rows == 0:
             continue
         if updated:
