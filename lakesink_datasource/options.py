@@ -129,7 +129,7 @@ def _csv(value: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
-def _int_option(name: str, raw: str, allowed: tuple[int, ...] | None = None, minimum: int = 1) -> int:
+def int_option(name: str, raw: str, allowed: tuple[int, ...] | None = None, minimum: int = 1) -> int:
     try:
         value = int(raw)
     except ValueError:
@@ -141,7 +141,7 @@ def _int_option(name: str, raw: str, allowed: tuple[int, ...] | None = None, min
     return value
 
 
-def _bool_option(name: str, raw: str) -> bool:
+def bool_option(name: str, raw: str) -> bool:
     value = raw.strip().lower()
     if value not in ("true", "false"):
         raise OptionError(f"option '{name}' must be true or false, got {raw!r}")
@@ -244,13 +244,13 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
         "branch": None if branch == "main" else branch,
     }
     if "target_file_size_bytes" in values:
-        kwargs["target_file_size_bytes"] = _int_option("target_file_size_bytes", values["target_file_size_bytes"])
+        kwargs["target_file_size_bytes"] = int_option("target_file_size_bytes", values["target_file_size_bytes"])
     if "progress" in values:
-        kwargs["progress"] = _bool_option("progress", values["progress"])
+        kwargs["progress"] = bool_option("progress", values["progress"])
     if "merge_schema" in values:
-        kwargs["merge_schema"] = _bool_option("merge_schema", values["merge_schema"])
+        kwargs["merge_schema"] = bool_option("merge_schema", values["merge_schema"])
     if "evolve_partition" in values:
-        kwargs["evolve_partition"] = _bool_option("evolve_partition", values["evolve_partition"])
+        kwargs["evolve_partition"] = bool_option("evolve_partition", values["evolve_partition"])
     app_id, version = values.get("txn_app_id", "").strip(), values.get("txn_version")
     if bool(app_id) != (version is not None):
         given, missing = ("txn_app_id", "txn_version") if app_id else ("txn_version", "txn_app_id")
@@ -260,9 +260,9 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
         )
     if app_id:
         kwargs["txn_app_id"] = app_id
-        kwargs["txn_version"] = _int_option("txn_version", str(version), minimum=0)
+        kwargs["txn_version"] = int_option("txn_version", str(version), minimum=0)
     if "format_version" in values:
-        kwargs["format_version"] = _int_option("format_version", values["format_version"], allowed=(2, 3))
+        kwargs["format_version"] = int_option("format_version", values["format_version"], allowed=(2, 3))
     if "primary_key" in values:
         key_columns = _csv(values["primary_key"])
         if not key_columns:

@@ -35,18 +35,25 @@ def live_entries(io: FileIO, snapshot: Snapshot | None, content: ManifestContent
     return out
 
 
-def data_entries_changed_by(io: FileIO, snapshot: Snapshot, status: ManifestEntryStatus) -> list[ManifestEntry]:
-    """The data-file entries `snapshot` itself wrote with `status` (ADDED: the files it
-    added; DELETED: the files it removed), from the manifests it added."""
+def entries_changed_by(
+    io: FileIO, snapshot: Snapshot, status: ManifestEntryStatus, content: ManifestContent = ManifestContent.DATA
+) -> list[ManifestEntry]:
+    """The entries of `content` that `snapshot` itself wrote with `status` (ADDED: the files
+    it added; DELETED: the files it removed), from the manifests it added."""
     out: list[ManifestEntry] = []
     for manifest in read_manifest_list(io, snapshot.manifest_list):
-        if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
+        if manifest.content != content or manifest.added_snapshot_id != snapshot.snapshot_id:
             continue
         count = manifest.added_files_count if status == ManifestEntryStatus.ADDED else manifest.deleted_files_count
         if count == 0:
             continue
         out += [e for e in read_entries(io, manifest, live_only=False) if e.status == status]
     return out
+
+
+def data_entries_changed_by(io: FileIO, snapshot: Snapshot, status: ManifestEntryStatus) -> list[ManifestEntry]:
+    """The data-file entries `snapshot` itself wrote with `status`."""
+    return entries_changed_by(io, snapshot, status)
 
 
 def live_data_files(io: FileIO, snapshot: Snapshot | None) -> list[ManifestEntry]:
@@ -94,11 +101,19 @@ def read_hidden_positions(io: FileIO, deletes: DataFile) -> BitMap64:
     return read_blob(blob, 0, length, deletes.record_count)
 
 
+def keep_mask(positions: np.ndarray, offset: int, rows: int) -> np.ndarray:
+    """Which of a file's rows offset..offset+rows the sorted `positions` leave visible."""
+    keep = np.ones(rows, dtype=bool)
+    lo, hi = np.searchsorted(positions, [offset, offset + rows])
+    keep[positions[lo:hi] - offset] = False
+    return keep
+
+
 def without_hidden_rows(io: FileIO, table: pa.Table, deletion_vector: ManifestEntry | None) -> tuple[pa.Table, np.ndarray]:
     """A data file's rows minus those its DV hides, with each kept row's position in the file."""
     positions = np.arange(table.num_rows, dtype=np.int64)
     if deletion_vector is None:
         return table, positions
-    hidden = np.fromiter(read_hidden_positions(io, deletion_vector.data_file), dtype=np.int64)
-    keep = ~np.isin(positions, hidden)
+    hidden = np.fromiter(read_hidden_positions(io, deletion_vector.data_file), dtype=np.int64)  # sorted
+    keep = keep_mask(hidden, 0, table.num_rows)
     return table.filter(pa.array(keep)), positions[keep]

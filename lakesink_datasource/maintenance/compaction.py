@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import ManifestEntry
-from pyiceberg.partitioning import PartitionSpec
-from pyiceberg.schema import Schema, index_by_id
+from pyiceberg.schema import index_by_id
 from pyiceberg.table import Table
 
 from lakesink_datasource.commit.cleanup import delete_files, dropped_metadata_files
@@ -73,11 +72,13 @@ def plan_for(
     schema = metadata.schema()
     settings = TableSettings.of_table(metadata)
     dvs = live_position_deletes(table.io, snapshot)
+    column_ids = set(index_by_id(schema))
+    readable_specs = {i for i, spec in specs.items() if all(f.source_id in column_ids for f in spec.fields)}
     inputs: dict[str, RewriteInput] = {}
     stats: list[FileStats] = []
     for entry in live_data_files(table.io, snapshot):
         f = entry.data_file
-        if f.spec_id != metadata.default_spec_id and not _sources_present(specs[f.spec_id], schema):
+        if f.spec_id not in readable_specs:
             continue  # an earlier spec on a column since dropped: its partition values cannot be re-read
         dv = dvs.get(f.file_path)
         inputs[f.file_path] = RewriteInput(entry, dv)
@@ -90,11 +91,6 @@ def plan_for(
         ))
     plan = plan_compaction(stats, target_file_size or settings.target_file_size_bytes, budget_bytes, tiered=tiered, min_files=min_files)
     return plan, inputs
-
-
-def _sources_present(spec: PartitionSpec, schema: Schema) -> bool:
-    ids = set(index_by_id(schema))
-    return all(f.source_id in ids for f in spec.fields)
 
 
 def _dv_identity(dv: ManifestEntry | None) -> tuple[str, int | None] | None:

@@ -39,9 +39,15 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 from pyroaring import BitMap64
 
-from lakesink_datasource.iceberg.live_files import live_data_files, live_entries, live_position_deletes, read_hidden_positions
-from lakesink_datasource.iceberg.manifest_list import read_manifest_list
-from lakesink_datasource.iceberg.manifests import deleted_data_file, read_entries
+from lakesink_datasource.iceberg.live_files import (
+    entries_changed_by,
+    keep_mask,
+    live_data_files,
+    live_entries,
+    live_position_deletes,
+    read_hidden_positions,
+)
+from lakesink_datasource.iceberg.manifests import deleted_data_file
 from lakesink_datasource.table import metadata_cache
 
 CHANGE_TYPE = "_change_type"
@@ -95,16 +101,6 @@ def snapshots_between(metadata: TableMetadata, start: int, end: int) -> list[Sna
     return list(reversed(chain))
 
 
-def _added(io: FileIO, snapshot: Snapshot, content: ManifestContent, status: ManifestEntryStatus) -> list[ManifestEntry]:
-    """Entries `snapshot` itself wrote with `status`, from the manifests it added."""
-    out: list[ManifestEntry] = []
-    for manifest in read_manifest_list(io, snapshot.manifest_list):
-        if manifest.content == content and manifest.added_snapshot_id == snapshot.snapshot_id:
-            out += [e for e in read_entries(io, manifest, live_only=False)
-                    if e.status == status and e.snapshot_id == snapshot.snapshot_id]
-    return out
-
-
 def _bitmap(io: FileIO, entry: ManifestEntry | None) -> BitMap64:
     return BitMap64() if entry is None else read_hidden_positions(io, entry.data_file)
 
@@ -155,20 +151,20 @@ def units_for(metadata: TableMetadata, io: FileIO, snapshot: Snapshot, *, full: 
             "set read_changes=true to read a change feed (inserts, deletes and updates), or start a new query after "
             f"it with starting_snapshot_id"
         )
-    added_deletes = _added(io, snapshot, ManifestContent.DELETES, ManifestEntryStatus.ADDED)
+    added_deletes = entries_changed_by(io, snapshot, ManifestEntryStatus.ADDED, ManifestContent.DELETES)
     _refuse_other_deletes(added_deletes, sid)
     now = {deleted_data_file(e.data_file): e for e in added_deletes}
-    before = {deleted_data_file(e.data_file): e for e in _added(io, snapshot, ManifestContent.DELETES, ManifestEntryStatus.DELETED)}
+    before = {deleted_data_file(e.data_file): e for e in entries_changed_by(io, snapshot, ManifestEntryStatus.DELETED, ManifestContent.DELETES)}
     units = []
     added_files = set()
-    for e in _added(io, snapshot, ManifestContent.DATA, ManifestEntryStatus.ADDED):
+    for e in entries_changed_by(io, snapshot, ManifestEntryStatus.ADDED):
         if e.data_file.content == DataFileContent.DATA:
             added_files.add(e.data_file.file_path)
             hidden = _bitmap(io, now.get(e.data_file.file_path))  # rows its own snapshot already hid
             units.append(Unit(sid, "insert", e.data_file, hidden.serialize(), False))
     if not read_changes:
         return units
-    for e in _added(io, snapshot, ManifestContent.DATA, ManifestEntryStatus.DELETED):
+    for e in entries_changed_by(io, snapshot, ManifestEntryStatus.DELETED):
         path = e.data_file.file_path
         units.append(Unit(sid, "delete", e.data_file, _bitmap(io, before.get(path)).serialize(), False))
     targets = [t for t in now if t is not None and t not in added_files]
@@ -191,7 +187,7 @@ def _file_rows(metadata: TableMetadata, io: FileIO, schema: Schema, unit: Unit) 
         return table.take(pa.array(positions[positions < table.num_rows]))
     if positions.size == 0:
         return table
-    return table.filter(pa.array(~np.isin(np.arange(table.num_rows, dtype=np.int64), positions)))
+    return table.filter(pa.array(keep_mask(positions, 0, table.num_rows)))
 
 
 def read_units(plan_metadata: str, io_properties: dict[str, str], schema_json: str, units: list[Unit],

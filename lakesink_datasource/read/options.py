@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 import msgspec
 
-from lakesink_datasource.options import DEFAULT_WAREHOUSE, OptionError, TableTarget
+from lakesink_datasource.options import DEFAULT_WAREHOUSE, OptionError, TableTarget, bool_option, int_option
 
 _STREAM_ONLY = {"starting_snapshot_id", "starting_timestamp", "max_files_per_trigger", "read_changes"}
 _READ = {"table", "warehouse", "catalog", "snapshot_id", "as_of_timestamp", "branch", "split_size_bytes", *_STREAM_ONLY}
@@ -76,16 +76,6 @@ def _snapshot_id(name: str, raw: str) -> int:
         raise OptionError(f"option '{name}' must be a snapshot id (an integer), got {raw!r}") from None
 
 
-def _positive(name: str, raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise OptionError(f"option '{name}' must be a positive integer, got {raw!r}")
-    return value
-
-
 def parse_read_options(raw: Mapping[str, str]) -> ReadOptions:
     """Validate Spark's option map for a read; OptionError names the option."""
     values: dict[str, str] = {}
@@ -125,16 +115,13 @@ def parse_read_options(raw: Mapping[str, str]) -> ReadOptions:
         raise OptionError(f"options {' and '.join(repr(n) for n in chosen)} exclude each other: give one state to read")
     for name in ("split_size_bytes", "max_files_per_trigger"):
         if name in values:
-            kwargs[name] = _positive(name, values[name])
+            kwargs[name] = int_option(name, values[name])
     if "starting_timestamp" in values:
         kwargs["starting_timestamp_ms"] = parse_timestamp_ms("starting_timestamp", values["starting_timestamp"])
     if "starting_snapshot_id" in values and "starting_timestamp" in values:
         raise OptionError("options 'starting_snapshot_id' and 'starting_timestamp' exclude each other: give one")
     if "read_changes" in values:
-        flag = values["read_changes"].strip().lower()
-        if flag not in ("true", "false"):
-            raise OptionError(f"option 'read_changes' must be true or false, got {values['read_changes']!r}")
-        kwargs["read_changes"] = flag == "true"
+        kwargs["read_changes"] = bool_option("read_changes", values["read_changes"])
     return msgspec.convert(kwargs, ReadOptions)
 
 

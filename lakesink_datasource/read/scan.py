@@ -30,6 +30,7 @@ from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.snapshots import Snapshot
 
 from lakesink_datasource.catalog import loader, sql_commit
+from lakesink_datasource.iceberg.live_files import keep_mask
 from lakesink_datasource.iceberg.row_lineage import FIELD_ID_KEY, field_ids
 from lakesink_datasource.options import OptionError
 from lakesink_datasource.read.options import ReadOptions
@@ -263,7 +264,7 @@ def _read_row_groups(
         for group in split.row_groups:
             table = align_by_field_id(parquet.read_row_group(group), target)
             if positions is not None:
-                table = table.filter(pa.array(_keep_mask(positions, sum(rows[:group]), table.num_rows)))
+                table = table.filter(pa.array(keep_mask(positions, sum(rows[:group]), table.num_rows)))
             if predicate is not None:
                 table = table.filter(predicate)
             yield from table.to_batches(max_chunksize=BATCH_ROWS)
@@ -286,14 +287,6 @@ def _sorted_positions(hidden: list[pa.ChunkedArray]) -> np.ndarray:
     return np.unique(np.concatenate([c.to_numpy() for array in hidden for c in array.chunks]).astype(np.int64))
 
 
-def _keep_mask(positions: np.ndarray, offset: int, rows: int) -> np.ndarray:
-    """Rows offset..offset+rows of a file that `positions` (sorted) do not hide."""
-    keep = np.ones(rows, dtype=bool)
-    lo, hi = np.searchsorted(positions, [offset, offset + rows])
-    keep[positions[lo:hi] - offset] = False
-    return keep
-
-
 def _without_positions(batches: Iterator[pa.RecordBatch], hidden: list[pa.ChunkedArray]) -> Iterator[pa.RecordBatch]:
     """`batches` (a whole file, in order) minus the rows at `hidden` positions. pyiceberg's own
     delete handling recomputes a set difference over all of a file's deletes for every batch,
@@ -304,5 +297,5 @@ def _without_positions(batches: Iterator[pa.RecordBatch], hidden: list[pa.Chunke
     offset = 0
     for batch in batches:
         rows = batch.num_rows
-        yield batch.filter(pa.array(_keep_mask(positions, offset, rows)))
+        yield batch.filter(pa.array(keep_mask(positions, offset, rows)))
         offset += rows
