@@ -30,7 +30,7 @@ from benchmarks.harness import (
     measure,
     summarize,
 )
-from benchmarks.keyed_scenarios import scenario_cdc, scenario_read_cost, scenario_upsert
+from benchmarks.keyed_scenarios import scenario_cdc, scenario_keyed_tasks, scenario_read_cost, scenario_upsert
 from benchmarks.read_scenarios import scenario_spark_read
 
 TABLE = "bench.t"
@@ -384,6 +384,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("7", "fanout", "Fanout memory, 1,000 and 10,000 partitions", scenario_fanout),
     Scenario("8", "clustering", "Files per batch with cluster_by_partition", scenario_clustering),
     Scenario("9", "spark-read", "Reading back in Spark vs Spark's Parquet reader", scenario_spark_read),
+    Scenario("10", "keyed-tasks", "Keyed upserts by 1 and by 2 tasks on one host", scenario_keyed_tasks),
 ]
 
 

@@ -40,13 +40,14 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import compress
 from types import TracebackType
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
 import lmdb
 import msgspec
 import numpy as np
 
 __all__ = [
+    "Found",
     "IndexState",
     "KeyIndex",
     "Location",
@@ -165,6 +166,40 @@ def unpack_location(raw: bytes) -> Location:
         return Location(*_LOCATION.unpack(raw))
     ordinal, position = _LOCATION.unpack_from(raw)
     return Location(ordinal, position, raw[_LOCATION.size + 1 :])  # skip the marker byte
+
+
+class Found(NamedTuple):
+    """The current locations of a chunk of keys, as columns in the keys' order."""
+
+    present: np.ndarray  # bool: the index has the key
+    ordinal: np.ndarray  # int64 file ordinal (0 where absent)
+    position: np.ndarray  # int64 row position (0 where absent)
+    sequence: list[bytes | None] | None  # per key, None: no sequence; the list is None when no key has one
+
+
+def decode_locations(raw: Sequence[bytes | None]) -> Found:
+    """`unpack_location` of a whole lookup at once: the fixed heads are cut out of one joined
+    buffer by numpy, so only keys that carry a sequence cost a Python slice."""
+    n = len(raw)
+    values = [r or b"" for r in raw]  # a stored location is never empty
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=n)
+    present = lengths > 0
+    blob = np.frombuffer(b"".join(values), dtype=np.uint8)
+    size = _LOCATION.size
+    if blob.size == size * int(present.sum()):
+        heads = blob  # no sequences: the heads are the whole buffer
+    else:
+        starts = (np.cumsum(lengths) - lengths)[present]
+        heads = blob[(starts[:, None] + np.arange(size)).ravel()]
+    fields = np.ascontiguousarray(heads).view(np.dtype([("ordinal", "<u4"), ("position", "<u8")]))
+    ordinal = np.zeros(n, dtype=np.int64)
+    position = np.zeros(n, dtype=np.int64)
+    ordinal[present] = fields["ordinal"]
+    position[present] = fields["position"].astype(np.int64)
+    sequence = None
+    if blob.size != size * int(present.sum()):
+        sequence = [v[size + 1 :] if len(v) > size else None for v in values]  # skip the marker byte
+    return Found(present, ordinal, position, sequence)
 
 
 def _value_lengths(values: Sequence[bytes | None]) -> list[int]:
@@ -395,30 +430,33 @@ class KeyIndex:
         self,
         token: str,
         keys: Sequence[bytes],
-        decide: Callable[[list[Location | None], Callable[[str], int]], tuple[list[tuple[bytes, bytes]], list[bytes]]],
+        decide: Callable[[Found, Callable[[str], int]], tuple[np.ndarray, list[bytes | None]]],
     ) -> None:
         """Look `keys` up and apply what `decide` makes of them in ONE write transaction.
 
-        `decide` gets the current locations (input order) and a function giving a file's
-        ordinal inside this transaction, and returns puts as (key, packed location, see
-        `pack_location`/`pack_locations`) and deletes, for keys among `keys`.
-        One transaction means one lock round and one read per key (the undo record reuses
-        the lookup). `decide` must not touch the index. The map is not grown here (decide may
-        have side effects and must not run twice): the default map is 64 GiB of address space.
+        `keys` must be distinct (one change per key); in key order they walk neighbouring
+        B-tree pages. `decide` gets the current locations as columns (`Found`, input order)
+        and a function giving a file's ordinal inside this transaction, and returns which
+        keys change (indices into `keys`) and their new packed locations (`pack_positions`;
+        None deletes the key). One transaction means one lock round and one read per key
+        (the undo record reuses the lookup). `decide` must not touch the index. The map is
+        not grown here (decide may have side effects and must not run twice): the default
+        map is 64 GiB of address space.
         """
         fitted = self._fit_all(keys)
         token_raw = token.encode()
         with self._lock, self._begin(write=True) as txn:
             get, db = txn.get, self._keys
-            raw = [get(k, None, db) for k in fitted]
+            prevs = [get(k, None, db) for k in fitted]
 
             def ordinal_of(path: str) -> int:
                 return self._assign_ordinals(txn, [path], [self._fit(b"p" + path.encode())])[0]
 
-            puts, deletes = decide([None if r is None else unpack_location(r) for r in raw], ordinal_of)
-            final: dict[bytes, bytes | None] = dict(zip(self._fit_all([k for k, _ in puts]), [v for _, v in puts]))
-            final.update(dict.fromkeys(self._fit_all(deletes)))
-            self._apply_txn(txn, token_raw, final, dict(zip(fitted, raw)))
+            changed, values = decide(decode_locations(prevs), ordinal_of)
+            news = list(prevs)
+            for i, value in zip(changed.tolist(), values):
+                news[i] = value
+            self._write_changes(txn, token_raw, fitted, prevs, news)
 
     def _apply_txn(
         self, txn: _Txn, token: bytes, final: dict[bytes, bytes | None], known: dict[bytes, bytes | None] | None = None
@@ -429,7 +467,13 @@ class KeyIndex:
             all_prevs = [get(key, None, db) for key in order]
         else:
             all_prevs = [known[key] if key in known else get(key, None, db) for key in order]
-        all_news = list(map(final.__getitem__, order))
+        self._write_changes(txn, token, order, all_prevs, list(map(final.__getitem__, order)))
+
+    def _write_changes(
+        self, txn: _Txn, token: bytes, order: list[bytes], all_prevs: list[bytes | None], all_news: list[bytes | None]
+    ) -> None:
+        """Write `all_news` over `all_prevs` for the distinct keys `order`, with undo."""
+        db = self._keys
         # Only real changes need undo; no-op writes and deletes of absent keys are skipped.
         # (map/compress keep this per-row filtering in C.)
         changed = list(map(operator.ne, all_prevs, all_news))
@@ -438,10 +482,13 @@ class KeyIndex:
         news = list(compress(all_news, changed))
         # Undo first (same txn, so atomic either way; the order documents the intent).
         self._record_undo(txn, token, keys, prevs, news)
-        txn.cursor(db=db).putmulti([(k, v) for k, v in zip(keys, news) if v is not None])
-        for key, new in zip(keys, news):
-            if new is None:
-                txn.delete(key, db=db)
+        if None in news:
+            txn.cursor(db=db).putmulti([(k, v) for k, v in zip(keys, news) if v is not None])
+            for key, new in zip(keys, news):
+                if new is None:
+                    txn.delete(key, db=db)
+        else:
+            txn.cursor(db=db).putmulti(zip(keys, news))  # type: ignore[arg-type]  # no None here
 
     def _record_undo(
         self,

@@ -26,7 +26,8 @@ class KeyedInputError(ValueError):
 
 @dataclass(frozen=True)
 class Changes:
-    """The winning row per key of one Arrow batch, in input order of the winners."""
+    """The winning row per key of one Arrow batch, in the order of their encoded keys (the
+    index then reads and writes neighbouring B-tree pages one after the other)."""
 
     rows: np.ndarray  # int64 indices into the input batch
     keys: list[bytes]  # encoded primary key per winner
@@ -93,10 +94,11 @@ def resolve_changes(
     # A row is its group's last when the next sorted key differs.
     different_next = pc.not_equal(sorted_keys.slice(0, n - 1), sorted_keys.slice(1)).to_numpy(zero_copy_only=False)
     last = np.append(different_next, True)
-    winners = np.sort(order[last]).astype(np.int64)  # back to input order
+    winners = order[last].astype(np.int64)  # in key order
+    picked = winners.tolist()  # Python ints index lists several times faster than numpy's
     return Changes(
         rows=winners,
-        keys=[keys[i] for i in winners],
+        keys=[keys[i] for i in picked],
         is_delete=is_delete[winners],
-        sequences=[sequences[i] for i in winners] if sequences is not None else None,
+        sequences=[sequences[i] for i in picked] if sequences is not None else None,
     )

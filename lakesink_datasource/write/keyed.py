@@ -36,12 +36,12 @@ from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.host_lock import host_lock
 from lakesink_datasource.index.key_encoding import key_hashes
 from lakesink_datasource.index.key_index import (
+    Found,
     KeyIndex,
-    Location,
     damage,
     open_index,
-    pack_location,
     pack_locations,
+    pack_positions,
     remove_environment,
     reopen_empty,
 )
@@ -60,7 +60,7 @@ from lakesink_datasource.messages import PositionDeletesMessage
 from lakesink_datasource.schema.arrow_align import BatchAligner
 from lakesink_datasource.table.plan import WritePlan, write_spec
 from lakesink_datasource.table.tombstone_table import read_stored
-from lakesink_datasource.write.changes import resolve_changes
+from lakesink_datasource.write.changes import Changes, resolve_changes
 
 log = logging.getLogger("lakesink")
 
@@ -166,78 +166,83 @@ class KeyedWriter:
         rows = aligned.take(pa.array(changes.rows))
         started = time.perf_counter()
 
-        def decide(existing: list[Location | None], ordinal_of: Callable[[str], int]) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
-            write_mask, puts, deletes, tombstones = self._decide(changes.keys, changes.is_delete, changes.sequences, existing)
-            if tombstones:
+        def decide(found: Found, ordinal_of: Callable[[str], int]) -> tuple[np.ndarray, list[bytes | None]]:
+            write_mask, tombstones, deletes = self._decide(changes, found)
+            changed: list[np.ndarray] = [deletes]
+            values: list[bytes | None] = [None] * len(deletes)
+            if len(tombstones):
+                assert changes.sequences is not None  # tombstones only exist with a sequence column
                 picked = resolution.take(pa.array(changes.rows[tombstones]))
                 names = list(keyed.table_key_columns)
                 self._tombstones.append(picked.select([*names, keyed.sequence_source]).rename_columns([*names, SEQUENCE]))
-            if write_mask.any():
-                chosen = np.flatnonzero(write_mask)
-                sequences = [changes.sequences[i] for i in chosen] if changes.sequences else None
-                puts += self._place(rows.take(pa.array(chosen)), [changes.keys[i] for i in chosen], sequences, ordinal_of)
-            return puts, deletes
+                changed.append(tombstones)
+                values += pack_positions(
+                    TOMBSTONE, np.zeros(len(tombstones), dtype=np.uint64), [changes.sequences[i] for i in tombstones.tolist()]
+                )
+            chosen = np.flatnonzero(write_mask)
+            if len(chosen):
+                placed, packed = self._place(rows.take(pa.array(chosen)), chosen, changes.sequences, ordinal_of)
+                changed.append(placed)
+                values += packed
+            return np.concatenate(changed), values
 
         with host_lock(self._lock_path):
             self._index.transact(self._token, changes.keys, decide)
         self.index_seconds += time.perf_counter() - started
         self._writer.flush_pending()  # Parquet encoding outside the lock
 
-    def _decide(
-        self, keys: list[bytes], is_delete: np.ndarray, sequences: list[bytes] | None, existing: list[Location | None]
-    ) -> tuple[np.ndarray, list[tuple[bytes, bytes]], list[bytes], list[int]]:
-        dedupe = self._plan.options.operation == "dedupe"
-        write_mask = np.zeros(len(keys), dtype=bool)
-        puts: list[tuple[bytes, bytes]] = []
-        deletes: list[bytes] = []
-        tombstones: list[int] = []  # winners whose delete must be remembered with its sequence
-        hide_ordinals: list[int] = []
-        hide_positions: list[int] = []
-        for i, (key, loc) in enumerate(zip(keys, existing)):
-            seq = sequences[i] if sequences is not None else None
-            if loc is not None and seq is not None and loc.sequence is not None and loc.sequence > seq:
-                self.rows_ignored += 1  # a late, older change
-                continue
-            live = loc if loc is not None and loc.file_ordinal != TOMBSTONE else None
-            if dedupe:
-                if live is not None:
-                    self.rows_ignored += 1
-                else:
-                    write_mask[i] = True
-                continue
-            if live is not None:
-                hide_ordinals.append(live.file_ordinal)
-                hide_positions.append(live.position)
-            if is_delete[i]:
-                self.rows_deleted += int(live is not None)
-                if seq is not None:
-                    puts.append((key, pack_location(Location(TOMBSTONE, 0, seq))))
-                    tombstones.append(i)
-                elif live is not None:
-                    deletes.append(key)
-            else:
-                write_mask[i] = True
-        if hide_ordinals:
-            ordinals, positions = np.asarray(hide_ordinals, dtype=np.int64), np.asarray(hide_positions, dtype=np.int64)
-            for ordinal in np.unique(ordinals):
-                self._hidden[int(ordinal)].append(positions[ordinals == ordinal])
-        return write_mask, puts, deletes, tombstones
+    def _decide(self, changes: Changes, found: Found) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Decide every change against the index at once: returns the write mask, the
+        changes whose delete leaves a tombstone and the changes whose key leaves the index
+        (both as indices), and records the live rows to hide."""
+        n = len(changes.keys)
+        none = np.zeros(0, dtype=np.int64)
+        older = np.zeros(n, dtype=bool)  # a late change, older than what the index holds
+        if changes.sequences is not None and found.sequence is not None:
+            indexed = np.array([b"" if s is None else s for s in found.sequence], dtype=object)
+            has = np.array([s is not None for s in found.sequence], dtype=bool)
+            older = has & (indexed > np.array(changes.sequences, dtype=object)).astype(bool)
+        live = found.present & (found.ordinal != TOMBSTONE) & ~older
+        self.rows_ignored += int(older.sum())
+        if self._plan.options.operation == "dedupe":
+            # Only a key no live row has is inserted.
+            self.rows_ignored += int(live.sum())
+            return ~older & ~live, none, none
+        self._hide(found.ordinal[live], found.position[live])
+        deleting = changes.is_delete & ~older
+        self.rows_deleted += int((deleting & live).sum())
+        if changes.sequences is not None:
+            # The delete's sequence stays in the index so an older late change cannot
+            # bring the key back.
+            return ~older & ~changes.is_delete, np.flatnonzero(deleting), none
+        return ~older & ~changes.is_delete, none, np.flatnonzero(deleting & live)
+
+    def _hide(self, ordinals: np.ndarray, positions: np.ndarray) -> None:
+        if not len(ordinals):
+            return
+        order = np.argsort(ordinals, kind="stable")
+        ordinals, positions = ordinals[order], positions[order]
+        unique, starts = np.unique(ordinals, return_index=True)
+        for ordinal, chunk in zip(unique.tolist(), np.split(positions, starts[1:])):
+            self._hidden[ordinal].append(chunk)
 
     def _place(
-        self, rows: pa.Table, keys: list[bytes], sequences: list[bytes] | None, ordinal_of: Callable[[str], int]
-    ) -> list[tuple[bytes, bytes]]:
-        """Write rows and return the index entries (packed) pointing at their files and positions."""
-        puts: list[tuple[bytes, bytes]] = []
+        self, rows: pa.Table, changes: np.ndarray, sequences: list[bytes] | None, ordinal_of: Callable[[str], int]
+    ) -> tuple[np.ndarray, list[bytes | None]]:
+        """Write rows (those of `changes`) and return which changes they are and the index
+        entries (packed) pointing at their files and positions."""
+        placed: list[np.ndarray] = []
+        packed: list[bytes | None] = []
         for partition, indices in self._splitter.split_rows(rows):
             part_rows = rows.take(pa.array(indices)) if len(indices) != rows.num_rows else rows
             for placement in self._writer.write(partition, part_rows, flush=False):
                 ordinal = self._ordinal(FileRef(placement.path, self._spec_id, partition), ordinal_of)
-                placed = indices[placement.offset : placement.offset + placement.rows].tolist()
-                packed = pack_locations(
-                    ordinal, placement.position, placement.rows, [sequences[r] for r in placed] if sequences else None
+                which = changes[indices[placement.offset : placement.offset + placement.rows]]
+                placed.append(which)
+                packed += pack_locations(
+                    ordinal, placement.position, placement.rows, [sequences[r] for r in which.tolist()] if sequences else None
                 )
-                puts.extend(zip([keys[r] for r in placed], packed))
-        return puts
+        return (np.concatenate(placed) if placed else np.zeros(0, dtype=np.int64)), packed
 
     def _ordinal(self, ref: FileRef, ordinal_of: Callable[[str], int]) -> int:
         encoded = encode_ref(ref)

@@ -12,9 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lakesink_datasource.index.key_index import (
+    Found,
     IndexState,
     KeyIndex,
     Location,
+    decode_locations,
     drop_index,
     open_index,
     pack_location,
@@ -53,6 +55,19 @@ def test_lookup_after_apply_returns_input_order(index: KeyIndex) -> None:
 def test_sequence_round_trips_and_empty_differs_from_none(index: KeyIndex) -> None:
     index.apply("t", [(b"a", Location(1, 2, None)), (b"b", Location(1, 3, b"")), (b"c", Location(4, 2**63, b"\x00\xff"))], [])
     assert index.lookup([b"a", b"b", b"c"]) == [Location(1, 2, None), Location(1, 3, b""), Location(4, 2**63, b"\x00\xff")]
+
+
+def _columns(found: Found) -> tuple[list[bool], list[int], list[int], list[bytes | None] | None]:
+    return found.present.tolist(), found.ordinal.tolist(), found.position.tolist(), found.sequence
+
+
+def test_decode_locations_matches_one_by_one_unpacking() -> None:
+    plain = [pack_location(Location(3, 7)), None, pack_location(Location(0xFFFF_FFFF, 2**40))]
+    assert _columns(decode_locations(plain)) == ([True, False, True], [3, 0, 0xFFFF_FFFF], [7, 0, 2**40], None)
+    mixed = [None, pack_location(Location(1, 2, b"")), pack_location(Location(4, 5)), pack_location(Location(6, 8, b"\x00\xff\x00"))]
+    assert _columns(decode_locations(mixed)) == ([False, True, True, True], [0, 1, 4, 6], [0, 2, 5, 8], [None, b"", None, b"\x00\xff\x00"])
+    assert _columns(decode_locations([None, None])) == ([False, False], [0, 0], [0, 0], None)
+    assert _columns(decode_locations([])) == ([], [], [], None)
 
 
 def test_deletes_and_last_put_wins_within_one_apply(index: KeyIndex) -> None:
