@@ -7,8 +7,6 @@ trailing field).
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from copy import copy
 
 from pyiceberg.avro.file import AvroFile, AvroOutputFile
@@ -22,23 +20,21 @@ from pyiceberg.manifest import (
 )
 
 from lakesink_datasource.iceberg.manifests import AVRO_CODEC, MF_FIRST_ROW_ID, AvroCodec
+from lakesink_datasource.iceberg.object_cache import TieredCache
 
 # Manifest lists never change once written, and per commit the same ones are read again
 # (expiry checks every retained snapshot's list, and the producer, history walks and index
-# sync read the current one): a process-wide cache keyed by location. Bounded by lists.
-_CACHE_LISTS = 2048
-_cache: OrderedDict[str, tuple[ManifestFile, ...]] = OrderedDict()
-_cache_lock = threading.Lock()
+# sync read the current one): a process-wide cache keyed by location, its hot tier weighed
+# in manifests (see `object_cache` for why it is small).
+_cache: TieredCache[str, tuple[ManifestFile, ...]] = TieredCache(len, hot_weight=5_000, cold_bytes=64 << 20)
 
 
 def read_manifest_list(io: FileIO, location: str) -> list[ManifestFile]:
     """The manifests of a manifest list, in order. The ManifestFile objects are shared with
     other callers (the cache): read them, never change them (`ManifestListWriter` copies)."""
-    with _cache_lock:
-        cached = _cache.get(location)
-        if cached is not None:
-            _cache.move_to_end(location)
-            return list(cached)
+    cached = _cache.get(location)
+    if cached is not None:
+        return list(cached)
     with AvroFile[ManifestFile](
         io.new_input(location),
         MANIFEST_LIST_FILE_SCHEMAS[3],
@@ -46,10 +42,7 @@ def read_manifest_list(io: FileIO, location: str) -> list[ManifestFile]:
         read_enums={517: ManifestContent},
     ) as reader:
         manifests = tuple(reader)
-    with _cache_lock:
-        _cache[location] = manifests
-        while len(_cache) > _CACHE_LISTS:
-            _cache.popitem(last=False)
+    _cache.put(location, manifests)
     return list(manifests)
 
 

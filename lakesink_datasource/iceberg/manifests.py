@@ -11,8 +11,6 @@ spec rules these follow.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Final, Literal
 
@@ -33,6 +31,8 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
+
+from lakesink_datasource.iceberg.object_cache import TieredCache
 
 AvroCodec = Literal["null", "bzip2", "snappy", "zstandard", "deflate"]
 AVRO_CODEC: Final = "deflate"  # Java's default for manifests; every Iceberg reader supports it
@@ -96,11 +96,9 @@ def manifest_first_row_id(manifest: ManifestFile) -> int | None:
 
 # Parsed entries by manifest. A manifest file never changes once written; what a reader
 # inherits from the manifest list (sequence number, first_row_id, snapshot, spec) is part of
-# the key, so a cached list is exactly what a fresh read would give. Bounded by entries.
-_CACHE_MAX_ENTRIES = 250_000
-_cache: OrderedDict[tuple[object, ...], list[ManifestEntry]] = OrderedDict()
-_cached_entries = 0
-_cache_lock = threading.Lock()
+# the key, so a cached list is exactly what a fresh read would give. The hot tier (live
+# objects) is kept small for the garbage collector's sake (see `object_cache`).
+_cache: TieredCache[tuple[object, ...], list[ManifestEntry]] = TieredCache(len, hot_weight=20_000, cold_bytes=256 << 20)
 
 
 def read_entries(io: FileIO, manifest: ManifestFile, *, live_only: bool = True) -> list[ManifestEntry]:
@@ -109,7 +107,6 @@ def read_entries(io: FileIO, manifest: ManifestFile, *, live_only: bool = True) 
 
     The entries are shared with other callers (a process-wide cache): read them, never
     change them."""
-    global _cached_entries
     key = (
         manifest.manifest_path,
         manifest.sequence_number,
@@ -117,19 +114,10 @@ def read_entries(io: FileIO, manifest: ManifestFile, *, live_only: bool = True) 
         manifest.added_snapshot_id,
         manifest.partition_spec_id,
     )
-    with _cache_lock:
-        entries = _cache.get(key)
-        if entries is not None:
-            _cache.move_to_end(key)
+    entries = _cache.get(key)
     if entries is None:
         entries = _read_all_entries(io, manifest)
-        with _cache_lock:
-            if key not in _cache:
-                _cache[key] = entries
-                _cached_entries += len(entries)
-                while _cached_entries > _CACHE_MAX_ENTRIES and len(_cache) > 1:
-                    _, dropped = _cache.popitem(last=False)
-                    _cached_entries -= len(dropped)
+        _cache.put(key, entries)
     if not live_only:
         return list(entries)
     return [e for e in entries if e.status != ManifestEntryStatus.DELETED]

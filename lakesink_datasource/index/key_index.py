@@ -38,7 +38,7 @@ import shutil
 import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import compress
+from itertools import compress, repeat
 from types import TracebackType
 from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
@@ -202,8 +202,13 @@ def decode_locations(raw: Sequence[bytes | None]) -> Found:
     return Found(present, ordinal, position, sequence)
 
 
-def _value_lengths(values: Sequence[bytes | None]) -> list[int]:
-    return [_ABSENT if v is None else len(v) for v in values]
+def _value_lengths(values: Sequence[bytes | None]) -> np.ndarray:
+    # map/compress keep the per-value work in C: this runs for every changed key.
+    present = np.fromiter(map(operator.is_not, values, repeat(None)), dtype=bool, count=len(values))
+    lengths = np.full(len(values), _ABSENT, dtype=np.int64)
+    kept = cast(Iterator[bytes], compress(values, present))  # the Nones are filtered out
+    lengths[present] = np.fromiter(map(len, kept), dtype=np.int64, count=int(present.sum()))
+    return lengths
 
 
 def _pack_undo_chunk(keys: Sequence[bytes], prevs: Sequence[bytes | None], news: Sequence[bytes | None]) -> bytes:
@@ -212,7 +217,8 @@ def _pack_undo_chunk(keys: Sequence[bytes], prevs: Sequence[bytes | None], news:
     Columnar packing lets numpy and bytes.join do the work instead of one struct call per
     record; 0xFFFF as a length means absent (None).
     """
-    lengths = np.array([list(map(len, keys)), _value_lengths(prevs), _value_lengths(news)], dtype="<u2")
+    key_lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+    lengths = np.stack([key_lengths, _value_lengths(prevs), _value_lengths(news)]).astype("<u2")
     return b"".join(
         [
             _U32.pack(len(keys)),
@@ -446,8 +452,7 @@ class KeyIndex:
         fitted = self._fit_all(keys)
         token_raw = token.encode()
         with self._lock, self._begin(write=True) as txn:
-            get, db = txn.get, self._keys
-            prevs = [get(k, None, db) for k in fitted]
+            prevs = list(map(txn.get, fitted, repeat(None), repeat(self._keys)))
 
             def ordinal_of(path: str) -> int:
                 return self._assign_ordinals(txn, [path], [self._fit(b"p" + path.encode())])[0]
