@@ -35,6 +35,7 @@ from lakesink_datasource.read.options import parse_read_options
 from lakesink_datasource.read.stream import LakeSinkStreamReader
 from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.table.setup import plan_write
+from lakesink_datasource.worker_gc import settle_imports
 from lakesink_datasource.write.task import write_task
 
 log = logging.getLogger("lakesink")
@@ -66,6 +67,7 @@ class LakeSinkDataSource(DataSource):
         return schema
 
     def reader(self, schema: StructType) -> LakeSinkReader:
+        settle_imports()
         options = parse_read_options(self.options)
         if options.stream_options:
             raise OptionError(
@@ -76,12 +78,15 @@ class LakeSinkDataSource(DataSource):
         return reader_class(options, schema)
 
     def streamReader(self, schema: StructType) -> LakeSinkStreamReader:
+        settle_imports()
         return LakeSinkStreamReader(parse_read_options(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> LakeSinkBatchWriter:
+        settle_imports()
         return LakeSinkBatchWriter(plan_write(parse_options(self.options), schema, overwrite))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> LakeSinkStreamWriter:
+        settle_imports()  # the planning worker and the commit runner both call this
         options = parse_options(self.options)
         if options.txn_app_id is not None:
             raise OptionError(
@@ -116,9 +121,11 @@ class LakeSinkBatchWriter(DataSourceArrowWriter):
         self.plan = plan
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        settle_imports()
         return write_task(self.plan, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        settle_imports()
         _commit(self.plan, messages, batch_id=None)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -130,6 +137,7 @@ class LakeSinkStreamWriter(DataSourceStreamArrowWriter):
         self.plan = plan
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        settle_imports()
         return write_task(self.plan, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

@@ -20,3 +20,25 @@ if _path:
     _logger.addHandler(_handler)
     _logger.setLevel(logging.INFO)
     _logger.propagate = False
+
+# With LAKESINK_BENCH_GC_LOG set, every full collection (generation 2) of a worker is logged
+# with its duration and the objects it walked: pyspark's daemon runs one after every task,
+# plan and commit of a reused worker, so this is where growing Python state shows up.
+_gc_path = os.environ.get("LAKESINK_BENCH_GC_LOG")
+if _gc_path:
+    import gc
+    import time
+
+    _gc_started = [0.0]
+
+    def _gc_timer(phase: str, info: dict) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            _gc_started[0] = time.perf_counter()
+            return
+        took = time.perf_counter() - _gc_started[0]
+        with open(_gc_path, "a") as fh:
+            fh.write(f"{time.time():.3f} {os.getpid()} {took * 1000:.2f} {len(gc.get_objects(generation=2))}\n")
+
+    gc.callbacks.append(_gc_timer)

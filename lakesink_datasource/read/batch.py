@@ -14,6 +14,7 @@ from pyspark.sql.types import StructType
 from lakesink_datasource.read.filters import conjunction, to_iceberg
 from lakesink_datasource.read.options import ReadOptions
 from lakesink_datasource.read.scan import ReadPlan, TableState, group_tasks, plan_tasks, read_tasks, resolve_state, split_bytes
+from lakesink_datasource.worker_gc import settle_imports
 
 
 def filter_pushdown_enabled() -> bool:
@@ -61,6 +62,7 @@ class LakeSinkReader(DataSourceReader):
         return [TaskGroup(g) for g in groups] or [TaskGroup([])]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        settle_imports()
         yield from read_tasks(self.plan, partition.value)
 
 

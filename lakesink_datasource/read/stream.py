@@ -19,6 +19,7 @@ from pyspark.sql.types import StructType
 from lakesink_datasource.read.changes import NOTHING, StreamReadError, Unit, read_units, snapshots_between, units_for
 from lakesink_datasource.read.options import ReadOptions
 from lakesink_datasource.read.scan import conform, group_units, load_table
+from lakesink_datasource.worker_gc import settle_imports
 
 Offset = dict[str, Any]
 
@@ -118,6 +119,7 @@ class LakeSinkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [UnitGroup(location, g) for g in group_units(units)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        settle_imports()
         assert isinstance(partition, UnitGroup)
         for table in read_units(partition.metadata_location, self._io_properties, self._schema_json, partition.value,
                                 self._key_columns, self._options.read_changes):
