@@ -5,13 +5,13 @@ commit. A full collection walks every container object the process holds, and a 
 imported pyspark, pyarrow, pyiceberg and lakesink holds about 150,000 of them before doing
 any work: each such collection took 50 to 200 ms on the 2-core benchmark machine, once per
 worker per micro-batch, and the next batch waits for it. Those objects (modules, classes,
-functions, constants) live as long as the process, so lakesink moves them, once per process,
-into the collector's permanent generation (`gc.freeze()`), after which the daemon's
-collections only walk what was created since.
+functions, constants) live as long as the process, so lakesink moves them into the
+collector's permanent generation (`gc.freeze()`) at the start of a process's first three
+invocations, after which the daemon's collections only walk what was created since.
 
 Whatever is alive at that moment is never collected as part of a reference cycle any more
-(reference counting still frees it). That is done once per process, so at most the objects of
-one invocation are kept: bounded. `LAKESINK_GC_FREEZE=0` in the workers' environment turns it off.
+(reference counting still frees it). That happens three times per process, so at most the
+objects of three invocations are kept: bounded. `LAKESINK_GC_FREEZE=0` in the workers' environment turns it off.
 """
 
 from __future__ import annotations
@@ -19,14 +19,18 @@ from __future__ import annotations
 import gc
 import os
 
-_frozen_in: int | None = None  # the pid that froze (a forked child inherits the flag)
+_FREEZES = 3  # invocations per process whose imports are frozen: modules imported lazily by
+# the first ones (Parquet, LMDB, the catalog's drivers) are caught by the next
+_freezes: dict[int, int] = {}  # pid -> freezes done (a forked child starts again)
 
 
 def settle_imports() -> None:
-    """Freeze the objects alive now into the permanent generation, once per process."""
-    global _frozen_in
-    if _frozen_in == os.getpid() or os.environ.get("LAKESINK_GC_FREEZE", "1") == "0":
+    """Freeze the objects alive now into the permanent generation, for the first few
+    invocations of each process."""
+    pid = os.getpid()
+    done = _freezes.get(pid, 0)
+    if done >= _FREEZES or os.environ.get("LAKESINK_GC_FREEZE", "1") == "0":
         return
-    _frozen_in = os.getpid()
+    _freezes[pid] = done + 1
     gc.collect()  # what is already garbage goes first, so only live objects are frozen
     gc.freeze()

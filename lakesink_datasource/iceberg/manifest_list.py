@@ -26,7 +26,7 @@ from lakesink_datasource.iceberg.object_cache import TieredCache
 # (expiry checks every retained snapshot's list, and the producer, history walks and index
 # sync read the current one): a process-wide cache keyed by location, its hot tier weighed
 # in manifests (see `object_cache` for why it is small).
-_cache: TieredCache[str, tuple[ManifestFile, ...]] = TieredCache(len, hot_weight=1_000, cold_bytes=64 << 20)
+_cache: TieredCache[str, tuple[ManifestFile, ...]] = TieredCache(len, hot_weight=250, cold_bytes=64 << 20)
 
 
 def read_manifest_list(io: FileIO, location: str) -> list[ManifestFile]:

@@ -98,7 +98,7 @@ def manifest_first_row_id(manifest: ManifestFile) -> int | None:
 # inherits from the manifest list (sequence number, first_row_id, snapshot, spec) is part of
 # the key, so a cached list is exactly what a fresh read would give. The hot tier (live
 # objects) is kept small for the garbage collector's sake (see `object_cache`).
-_cache: TieredCache[tuple[object, ...], list[ManifestEntry]] = TieredCache(len, hot_weight=4_000, cold_bytes=256 << 20)
+_cache: TieredCache[tuple[object, ...], list[ManifestEntry]] = TieredCache(len, hot_weight=1_000, cold_bytes=256 << 20)
 
 
 def read_entries(io: FileIO, manifest: ManifestFile, *, live_only: bool = True) -> list[ManifestEntry]:
