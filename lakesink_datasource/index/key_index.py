@@ -45,6 +45,8 @@ from typing import Any, NamedTuple, Protocol, TypeVar, cast
 import lmdb
 import msgspec
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 __all__ = [
     "Found",
@@ -427,10 +429,26 @@ class KeyIndex:
 
     def apply_packed(self, token: str, keys: Sequence[bytes], values: Sequence[bytes], deletes: Sequence[bytes] = ()) -> None:
         """`apply` of puts whose locations are already packed (`pack_positions`)."""
-        final: dict[bytes, bytes | None] = dict(zip(self._fit_all(keys), values))
-        final.update(dict.fromkeys(self._fit_all(deletes)))
+        fitted = self._fit_all(keys) + self._fit_all(deletes)
+        news: list[bytes | None] = [*values, *([None] * len(deletes))]
+        if fitted:
+            # The last entry per key wins (a delete comes after every put); one Arrow sort
+            # by (key, entry) finds it and puts the keys in B-tree order, all in C.
+            column = pa.array(fitted, pa.binary())
+            order = pc.sort_indices(
+                pa.table({"k": column, "i": pa.array(np.arange(len(fitted)))}), sort_keys=[("k", "ascending"), ("i", "ascending")]
+            ).to_numpy()
+            ordered = column.take(pa.array(order))
+            last = np.append(pc.not_equal(ordered.slice(0, len(fitted) - 1), ordered.slice(1)).to_numpy(zero_copy_only=False), True)
+            picked = order[last].tolist()
+            fitted, news = [fitted[i] for i in picked], [news[i] for i in picked]
         token_raw = token.encode()
-        self._write(lambda txn: self._apply_txn(txn, token_raw, final))
+
+        def body(txn: _Txn) -> None:
+            prevs = list(map(txn.get, fitted, repeat(None), repeat(self._keys)))
+            self._write_changes(txn, token_raw, fitted, prevs, news)
+
+        self._write(body)
 
     def transact(
         self,
@@ -462,17 +480,6 @@ class KeyIndex:
             for i, value in zip(changed.tolist(), values):
                 news[i] = value
             self._write_changes(txn, token_raw, fitted, prevs, news)
-
-    def _apply_txn(
-        self, txn: _Txn, token: bytes, final: dict[bytes, bytes | None], known: dict[bytes, bytes | None] | None = None
-    ) -> None:
-        get, db = txn.get, self._keys
-        order = sorted(final)  # key order: B-tree locality for reads and writes
-        if known is None:
-            all_prevs = [get(key, None, db) for key in order]
-        else:
-            all_prevs = [known[key] if key in known else get(key, None, db) for key in order]
-        self._write_changes(txn, token, order, all_prevs, list(map(final.__getitem__, order)))
 
     def _write_changes(
         self, txn: _Txn, token: bytes, order: list[bytes], all_prevs: list[bytes | None], all_news: list[bytes | None]
