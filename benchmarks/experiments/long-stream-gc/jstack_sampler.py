@@ -1,19 +1,29 @@
-"""Sample the driver JVM's stream execution thread every 2 s; append stacks to a file."""
-import subprocess, time, sys, re, os
-out = open(sys.argv[1], "a")
-pid = None
-while pid is None:
-    r = subprocess.run(["pgrep", "-f", "org.apache.spark.deploy.SparkSubmit"], capture_output=True, text=True)
-    if r.stdout.strip():
-        pid = r.stdout.split()[0]
-    else:
-        time.sleep(1)
-while os.path.exists(f"/proc/{pid}"):
-    t = time.time()
-    r = subprocess.run(["jstack", pid], capture_output=True, text=True)
-    blocks = r.stdout.split("\n\n")
-    for b in blocks:
-        if "stream execution thread" in b:
-            out.write(f"=== {t:.1f}\n{b}\n")
-    out.flush()
-    time.sleep(2)
+"""Sample the driver JVM's stream execution thread every 2 s and append its stacks to a file
+(usage: python jstack_sampler.py OUT; runs until the SparkSubmit JVM exits)."""
+
+import os
+import subprocess
+import sys
+import time
+
+
+def main(path: str) -> None:
+    pid = None
+    while pid is None:
+        found = subprocess.run(["pgrep", "-f", "org.apache.spark.deploy.SparkSubmit"], capture_output=True, text=True)
+        pid = found.stdout.split()[0] if found.stdout.strip() else None
+        if pid is None:
+            time.sleep(1)
+    with open(path, "a") as out:
+        while os.path.exists(f"/proc/{pid}"):
+            now = time.time()
+            dump = subprocess.run(["jstack", pid], capture_output=True, text=True).stdout
+            for block in dump.split("\n\n"):
+                if "stream execution thread" in block:
+                    out.write(f"=== {now:.1f}\n{block}\n")
+            out.flush()
+            time.sleep(2)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
