@@ -124,6 +124,9 @@ _DB_KEYS, _DB_FILES, _DB_UNDO, _DB_META = b"keys", b"files", b"undo", b"meta"
 _META_NEXT_ORDINAL = b"next_ordinal"
 _META_NEXT_UNDO_SEQ = b"next_undo_seq"
 _META_STATE = b"state"
+# The target snapshot of a catch-up under way: its writes carry no undo (overwrite_packed),
+# so until the state moves, keys may already point where that snapshot put them.
+_META_CATCH_UP = b"catch_up"
 
 _STATE_ENCODER = msgspec.msgpack.Encoder()
 _STATE_DECODER = msgspec.msgpack.Decoder(IndexState)
@@ -152,9 +155,8 @@ def pack_positions(ordinal: int, positions: np.ndarray, sequences: Sequence[byte
     packed = np.empty(len(positions), dtype=[("ordinal", "<u4"), ("position", "<u8")])
     packed["ordinal"] = ordinal
     packed["position"] = positions
-    raw = packed.tobytes()
-    size = _LOCATION.size
-    heads = [raw[i : i + size] for i in range(0, len(raw), size)]
+    # A void dtype's tolist() gives one bytes object per record, all in C.
+    heads: list[bytes] = packed.view(f"V{_LOCATION.size}").tolist()
     if sequences is None:
         return heads
     lengths = [len(s) for s in sequences if s is not None]
@@ -202,6 +204,23 @@ def decode_locations(raw: Sequence[bytes | None]) -> Found:
     if blob.size != size * int(present.sum()):
         sequence = [v[size + 1 :] if len(v) > size else None for v in values]  # skip the marker byte
     return Found(present, ordinal, position, sequence)
+
+
+def _last_per_key(keys: list[bytes], values: list[bytes | None]) -> tuple[list[bytes], list[bytes | None]]:
+    """The last entry per key, in key (B-tree) order: one Arrow sort by (key, entry), in C."""
+    if not keys:
+        return keys, values
+    column = pa.array(keys, pa.binary())
+    order = pc.sort_indices(
+        pa.table({"k": column, "i": pa.array(np.arange(len(keys)))}), sort_keys=[("k", "ascending"), ("i", "ascending")]
+    ).to_numpy()
+    ordered = column.take(pa.array(order))
+    last = np.append(pc.not_equal(ordered.slice(0, len(keys) - 1), ordered.slice(1)).to_numpy(zero_copy_only=False), True)
+    picked = order[last].tolist()
+    if len(picked) < 2:
+        return [keys[i] for i in picked], [values[i] for i in picked]
+    take = operator.itemgetter(*picked)  # in C (a tuple, as there are several)
+    return list(take(keys)), list(take(values))
 
 
 def _value_lengths(values: Sequence[bytes | None]) -> np.ndarray:
@@ -429,19 +448,7 @@ class KeyIndex:
 
     def apply_packed(self, token: str, keys: Sequence[bytes], values: Sequence[bytes], deletes: Sequence[bytes] = ()) -> None:
         """`apply` of puts whose locations are already packed (`pack_positions`)."""
-        fitted = self._fit_all(keys) + self._fit_all(deletes)
-        news: list[bytes | None] = [*values, *([None] * len(deletes))]
-        if fitted:
-            # The last entry per key wins (a delete comes after every put); one Arrow sort
-            # by (key, entry) finds it and puts the keys in B-tree order, all in C.
-            column = pa.array(fitted, pa.binary())
-            order = pc.sort_indices(
-                pa.table({"k": column, "i": pa.array(np.arange(len(fitted)))}), sort_keys=[("k", "ascending"), ("i", "ascending")]
-            ).to_numpy()
-            ordered = column.take(pa.array(order))
-            last = np.append(pc.not_equal(ordered.slice(0, len(fitted) - 1), ordered.slice(1)).to_numpy(zero_copy_only=False), True)
-            picked = order[last].tolist()
-            fitted, news = [fitted[i] for i in picked], [news[i] for i in picked]
+        fitted, news = _last_per_key(self._fit_all(keys) + self._fit_all(deletes), [*values, *([None] * len(deletes))])
         token_raw = token.encode()
 
         def body(txn: _Txn) -> None:
@@ -449,6 +456,18 @@ class KeyIndex:
             self._write_changes(txn, token_raw, fitted, prevs, news)
 
         self._write(body)
+
+    def overwrite_packed(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        """Put packed locations without undo: for catch-up and rebuild only.
+
+        Those writes are idempotent and ordered by the table's history, and the index's state
+        moves only after all of them: a crash halfway leaves keys that the next sync, starting
+        again from the old state, puts again with the same values. Skipping the undo record
+        also skips the lookup it needs, which were two thirds of a catch-up's time.
+        """
+        fitted, news = _last_per_key(self._fit_all(keys), list(values))
+        if fitted:
+            self._write(lambda txn: txn.cursor(db=self._keys).putmulti(zip(fitted, news)))  # type: ignore[arg-type]  # no None
 
     def transact(
         self,
@@ -656,6 +675,16 @@ class KeyIndex:
 
     def _put_state(self, txn: _Txn, state: IndexState) -> None:
         txn.put(_META_STATE, _STATE_ENCODER.encode(state), db=self._meta)
+        txn.delete(_META_CATCH_UP, db=self._meta)  # the state now covers whatever it wrote
+
+    def begin_catch_up(self, target: str) -> None:
+        """Record that undo-less writes toward snapshot `target` start (ended by a new state)."""
+        self._write(lambda txn: txn.put(_META_CATCH_UP, target.encode(), db=self._meta))
+
+    def catch_up_under_way(self) -> str | None:
+        """The target of a catch-up that started and never reached its state (a crash)."""
+        raw = self._read(lambda txn: txn.get(_META_CATCH_UP, db=self._meta))
+        return None if raw is None else raw.decode()
 
     # -- maintenance -----------------------------------------------------------------------
 

@@ -16,6 +16,12 @@ Before a task uses the index (under the host lock, so once per host and batch):
 3. tokens of writes that never reached the table are rolled back (undo);
 4. the state becomes the planned snapshot.
 Deleting the index directory is therefore always safe: the next task rebuilds it.
+
+Catch-up and rebuild write without undo records (they cost a lookup and a record per key,
+two thirds of a catch-up's time): their writes are idempotent and ordered by the table's
+history, and the state moves only after all of them. A crash halfway leaves the target
+recorded (`begin_catch_up`): a task planned against that same snapshot replays the path
+(putting the same values again); a task planned against any other snapshot rebuilds.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from pyiceberg.manifest import DataFile, ManifestEntryStatus
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Snapshot
 
+from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg.history import ancestors, snapshots_after
 from lakesink_datasource.iceberg.live_files import (
     data_entries_changed_by,
@@ -88,10 +95,12 @@ class KeyColumns:
 
 
 def index_files(
-    index: KeyIndex, io: FileIO, metadata: TableMetadata, files: Sequence[tuple[DataFile, int]], columns: KeyColumns, token: str
+    index: KeyIndex, io: FileIO, metadata: TableMetadata, files: Sequence[tuple[DataFile, int]], columns: KeyColumns
 ) -> int:
     """Index every live row of `files` ((data file, data sequence number) pairs), oldest
-    data first so a newer row of a key wins; positions hidden by a live DV are skipped."""
+    data first so a newer row of a key wins; positions hidden by a live DV are skipped.
+    Without undo (`KeyIndex.overwrite_packed`): only for catch-up and rebuild, before the
+    index's state moves."""
     dvs = live_position_deletes(io, metadata.current_snapshot())
     schema = metadata.schema()
     indexed = 0
@@ -107,8 +116,9 @@ def index_files(
         spec = metadata.specs()[data_file.spec_id]
         ref = FileRef(data_file.file_path, data_file.spec_id, encode_partition(spec, schema, data_file.partition))
         ordinal = index.file_ordinal(encode_ref(ref))
-        index.apply_packed(token, keys, pack_positions(ordinal, np.asarray(positions, dtype=np.uint64), sequences))
+        index.overwrite_packed(keys, pack_positions(ordinal, np.asarray(positions, dtype=np.uint64), sequences))
         indexed += len(keys)
+        fault_point("index_file_done")  # tests: a crash between two files of a catch-up
     return indexed
 
 
@@ -161,7 +171,7 @@ def rebuild(
     snapshot = metadata.current_snapshot()
     index.clear()
     entries = live_data_files(io, snapshot)
-    rows = index_files(index, io, metadata, [(e.data_file, e.sequence_number or 0) for e in entries], columns, _REBUILD_TOKEN)
+    rows = index_files(index, io, metadata, [(e.data_file, e.sequence_number or 0) for e in entries], columns)
     restore_tombstones(index, io, metadata, columns, _REBUILD_TOKEN, stored)
     index.commit_tokens([_REBUILD_TOKEN], _state(metadata, snapshot))
     log.info("lakesink: rebuilt key index %s from snapshot %s: %d keys from %d files", index.path, snapshot and snapshot.snapshot_id, rows, len(entries))
@@ -217,6 +227,16 @@ def sync(
     if stale_attempts:
         index.rollback_tokens(stale_attempts)
     state = index.get_state()
+    unfinished = index.catch_up_under_way()
+    target_name = _catch_up_name(metadata, target)
+    if unfinished is not None and unfinished != target_name:
+        # A catch-up toward another snapshot stopped halfway (a crash): its undo-less writes
+        # may be ahead of this task's snapshot. Replaying toward the same target would put
+        # them again; toward another one, only a rebuild is exact.
+        log.warning("lakesink: key index %s was interrupted catching up to %s; rebuilding it", index.path, unfinished)
+        _rollback_uncommitted(index, write_id, committed=set())
+        rebuild(index, io, metadata, columns, stored)
+        return
     if state is not None and state.table_uuid == str(metadata.table_uuid) and state.snapshot_id == (target and target.snapshot_id):
         _rollback_uncommitted(index, write_id, committed=set())
         return
@@ -229,6 +249,7 @@ def sync(
     # catch-up below works on committed state only.
     _rollback_uncommitted(index, write_id, committed=_committed_writes(path))
     pending = index.pending_tokens()
+    catching_up = False
     for snapshot in path:
         summary = snapshot.summary
         props = summary.additional_properties if summary else {}
@@ -238,25 +259,28 @@ def sync(
         if tokens and hosts <= {host}:
             index.commit_tokens(tokens)  # every change of that batch is already in this index
             continue
+        if not catching_up and summary is not None and summary.operation in (Operation.APPEND, Operation.REPLACE) and not tokens:
+            index.begin_catch_up(target_name)
+            catching_up = True
         if summary is not None and summary.operation == Operation.APPEND and not tokens:
             # Rows appended by anyone else (another writer, lakesink tasks on other hosts):
             # index the new files incrementally.
-            token = f"catchup-{snapshot.snapshot_id}"
-            index_files(index, io, metadata, _added_files(io, snapshot), columns, token)
-            index.commit_tokens([token])
+            index_files(index, io, metadata, _added_files(io, snapshot), columns)
             continue
         if summary is not None and summary.operation == Operation.REPLACE and not tokens:
             # A compaction (lakesink's or another engine's): the same live rows in new files.
             # Every live row of the removed files is in the added ones, so pointing each key
             # of the added files at its new place moves exactly the keys that moved.
-            token = f"replace-{snapshot.snapshot_id}"
-            index_files(index, io, metadata, _added_files(io, snapshot), columns, token)
-            index.commit_tokens([token])
+            index_files(index, io, metadata, _added_files(io, snapshot), columns)
             index.forget_files(_removed_file_refs(io, metadata, snapshot))
             continue
         rebuild(index, io, metadata, columns, stored)
         return
     index.set_state(_state(metadata, target))
+
+
+def _catch_up_name(metadata: TableMetadata, target: Snapshot | None) -> str:
+    return f"{metadata.table_uuid}/{target.snapshot_id if target else 'none'}"
 
 
 def _committed_writes(path: Iterable[Snapshot]) -> set[str]:

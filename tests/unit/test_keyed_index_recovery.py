@@ -9,6 +9,7 @@ pyiceberg see exactly the model's rows; `check_table` reports nothing).
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import shutil
@@ -32,6 +33,7 @@ from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSn
 from lakesink_datasource.commit.committer import CommitError
 from lakesink_datasource.commit.data_files import data_file
 from lakesink_datasource.commit.snapshot_producer import new_snapshot_id
+from lakesink_datasource.faults import InjectedFault
 from lakesink_datasource.iceberg.compat import v3_metadata_writes
 from lakesink_datasource.iceberg.live_files import live_data_files, live_position_deletes, read_hidden_positions
 from lakesink_datasource.iceberg.manifest_list import ManifestListWriter, read_manifest_list
@@ -340,6 +342,45 @@ def test_compaction_then_updates_and_deletes_of_rewritten_keys(caplog: pytest.Lo
             model.apply_batch(batch)
             harness.assert_matches(model.expected(), f"after batch {batch_id}")
         assert sorted(model.live) == list(range(1, 12, 2))
+
+
+@pytest.mark.parametrize("then", ["retry", "older-plan"])
+def test_a_catch_up_interrupted_between_two_files(
+    then: str, tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture  # type: ignore[no-untyped-def]
+) -> None:
+    """The task after a compaction moves the rewritten keys in the index without undo
+    records, and dies after the first rewritten file. Retried against the same snapshot it
+    replays the catch-up (no rebuild). A batch planned before the compaction (a concurrent
+    writer's) must not see the half-moved keys: it rebuilds, and the deletes it commits are
+    moved onto the compacted files. Either way every update and delete hides the right row."""
+    config = Config("cdc", "bucket(4, id)", False)
+    first = [[[Change(k, "c", day=k % 3) for k in range(40)]]]
+    second = [[[Change(k, "u" if k % 3 else "d", day=1) for k in range(0, 40, 2)]]]
+    labelled = label_batches(config, [first, second])
+    faults = tmp_path / "faults.json"
+    monkeypatch.setenv("LAKESINK_FAULTS", str(faults))
+    with Harness(config) as harness:
+        model = Model(config)
+        harness.run_batch(labelled[0], 0)
+        model.apply_batch(labelled[0])
+        before_compaction = harness.plan()
+        assert compact(harness, lambda i: True) == 4  # one file per bucket, every position changed
+        faults.write_text(json.dumps([{"point": "index_file_done", "action": "raise", "once": True}]))
+        with pytest.raises(InjectedFault):
+            harness.run_batch(labelled[1], 1)
+        assert json.loads(faults.read_text()) == [], "the fault never fired"
+        caplog.clear()
+        with caplog.at_level("INFO", logger="lakesink"):
+            if then == "retry":
+                harness.run_batch(labelled[1], 1)
+            else:
+                messages = [harness.write(before_compaction, task, 1, partition_id=i) for i, task in enumerate(labelled[1])]
+                harness.commit(before_compaction, messages, 1)
+        model.apply_batch(labelled[1])
+        harness.assert_matches(model.expected(), f"after the interrupted catch-up ({then})")
+        rebuilt = any("rebuilt key index" in r.getMessage() for r in caplog.records)
+        assert rebuilt == (then == "older-plan"), caplog.text
+        assert len(model.expected()) == 40 - len(range(0, 40, 6))
 
 
 # ----------------------------------------------------------------- uncommitted batches
