@@ -92,6 +92,14 @@ def _profile(args: argparse.Namespace) -> int:
     return profiling.main(args)
 
 
+def _keyed_large(args: argparse.Namespace) -> int:
+    from benchmarks import harness, keyed_large
+
+    out = Path(args.out).resolve() if args.out else harness.BENCH_DIR
+    keyed_large.run(args.rows, args.chunk, args.reps, Path(args.workdir).resolve(), out)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -127,6 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     long.add_argument("--sides", default="auto,off", help="auto, off or auto,off (default: both)")
     long.set_defaults(func=lambda a: __import__("benchmarks.long_stream", fromlist=["x"]).main_args(
         a.batches, a.rows_per_batch, a.workdir, a.out, a.sides))
+    large = sub.add_parser("keyed-large", help="upserts into 1M and into --rows rows (default 100M), with delta-rs -> KEYED-LARGE.md")
+    large.add_argument("--rows", type=int, default=100_000_000)
+    large.add_argument("--chunk", type=int, default=10_000_000, help="rows per base-building write (default 10M)")
+    large.add_argument("--reps", type=int, default=5)
+    large.add_argument("--workdir", default="/tmp/lakesink-keyed-large")
+    large.add_argument("--out", help="where KEYED-LARGE.md and keyed_large.json go (default benchmarks/)")
+    large.set_defaults(func=_keyed_large)
     lst = sub.add_parser("list", help="list the scenarios")
     lst.set_defaults(func=lambda a: [print(f"{s.id}\t{s.key}\t{s.title}") for s in __import__("benchmarks.scenarios", fromlist=["x"]).SCENARIOS] and 0)
     args = parser.parse_args(argv)
