@@ -26,6 +26,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import TableUpdate
 from pyroaring import BitMap64
 
+from lakesink_datasource.arrays import unique_sorted
 from lakesink_datasource.catalog import loader, sql_commit
 from lakesink_datasource.commit import cleanup
 from lakesink_datasource.commit.data_files import data_file
@@ -125,7 +126,7 @@ def _refuse_keys_on_several_hosts(results: list[TaskResult]) -> None:
         return
     seen: np.ndarray | None = None
     for _host, parts in sorted(by_host.items()):
-        keys = np.unique(np.concatenate(parts))
+        keys = unique_sorted(np.concatenate(parts))
         if seen is not None:
             shared = np.intersect1d(seen, keys, assume_unique=True)
             if len(shared):
@@ -133,14 +134,14 @@ def _refuse_keys_on_several_hosts(results: list[TaskResult]) -> None:
                     f"{len(shared)} key(s) of this batch reached more than one host ({', '.join(sorted(by_host))}); "
                     "keyed writes on several hosts need input clustered by key: df.repartition(n, *primary_key)"
                 )
-            seen = np.union1d(seen, keys)
+            seen = unique_sorted(np.concatenate([seen, keys]))
         else:
             seen = keys
 
 
 def _touched_keys(results: list[TaskResult]) -> np.ndarray:
     parts = [np.frombuffer(r.key_hashes, dtype="<u8") for r in results if r.key_hashes]
-    return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.uint64)
+    return unique_sorted(np.concatenate(parts)) if parts else np.empty(0, dtype=np.uint64)
 
 
 def _refuse_keys_across_a_rebuilt_index(results: list[TaskResult]) -> None:
@@ -152,7 +153,7 @@ def _refuse_keys_across_a_rebuilt_index(results: list[TaskResult]) -> None:
         for other in results:
             if other is healed or other.host != healed.host or not other.key_hashes:
                 continue
-            if len(np.intersect1d(mine, np.frombuffer(other.key_hashes, dtype="<u8"))):
+            if len(np.intersect1d(mine, np.frombuffer(other.key_hashes, dtype="<u8"), assume_unique=True)):
                 raise CommitError(
                     f"the key index on host {healed.host} was damaged and rebuilt during this batch while other tasks "
                     "changed the same keys; the batch is refused (restart the query: the replay resolves the keys again)"

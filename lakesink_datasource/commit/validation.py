@@ -18,6 +18,7 @@ from pyiceberg.manifest import ManifestEntryStatus
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation
 
+from lakesink_datasource.arrays import unique_sorted
 from lakesink_datasource.iceberg.history import snapshots_after
 from lakesink_datasource.iceberg.live_files import data_entries_changed_by, live_data_files, live_position_deletes
 from lakesink_datasource.iceberg.manifests import content_offset
@@ -106,7 +107,7 @@ def validate_no_concurrent_key_changes(
             # Encoded from the file's columns, as an index rebuild does: the same bytes the
             # tasks hashed (they encode keys in the table's types).
             encoded = encode_keys([keys.column(c) for c in key_columns], names=list(key_columns))
-            shared = np.intersect1d(touched, key_hashes(encoded))
+            shared = np.intersect1d(touched, unique_sorted(key_hashes(encoded)), assume_unique=True)
             if len(shared):
                 raise ConflictError(
                     f"this batch changed {len(shared)} key(s) that snapshot {snapshot.snapshot_id} "

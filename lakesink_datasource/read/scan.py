@@ -29,6 +29,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.snapshots import Snapshot
 
+from lakesink_datasource.arrays import unique_sorted
 from lakesink_datasource.catalog import loader, sql_commit
 from lakesink_datasource.iceberg.live_files import keep_mask
 from lakesink_datasource.iceberg.row_lineage import FIELD_ID_KEY, field_ids
@@ -284,7 +285,7 @@ def _plain_columns(parquet: pq.ParquetFile, target: pa.Schema, task: FileScanTas
 
 
 def _sorted_positions(hidden: list[pa.ChunkedArray]) -> np.ndarray:
-    return np.unique(np.concatenate([c.to_numpy() for array in hidden for c in array.chunks]).astype(np.int64))
+    return unique_sorted(np.concatenate([c.to_numpy() for array in hidden for c in array.chunks]).astype(np.int64))
 
 
 def _without_positions(batches: Iterator[pa.RecordBatch], hidden: list[pa.ChunkedArray]) -> Iterator[pa.RecordBatch]:

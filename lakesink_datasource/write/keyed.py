@@ -31,6 +31,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.table.metadata import TableMetadata
 from pyroaring import BitMap64
 
+from lakesink_datasource.arrays import unique_sorted
 from lakesink_datasource.catalog import loader
 from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.host_lock import host_lock
@@ -278,4 +279,4 @@ class KeyedWriter:
     def key_hashes(self) -> bytes:
         if not self._hashes:
             return b""
-        return np.unique(np.concatenate(self._hashes)).astype("<u8").tobytes()
+        return unique_sorted(np.concatenate(self._hashes)).astype("<u8").tobytes()

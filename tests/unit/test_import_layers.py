@@ -15,7 +15,7 @@ ROOT = Path(lakesink_datasource.__file__).parent
 
 # Lowest first. Each name is a top-level package or module of lakesink_datasource.
 LAYERS: list[set[str]] = [
-    {"iceberg", "faults", "version", "worker_gc"},  # the Iceberg format floor and plain values
+    {"iceberg", "faults", "version", "worker_gc", "arrays"},  # the Iceberg format floor and plain values
     {"options", "messages"},  # write options; executor -> driver messages, known to both sides
     {"catalog", "schema"},
     {"io", "index"},  # storage: Parquet writing, the key index
