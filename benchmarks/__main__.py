@@ -96,7 +96,7 @@ def _keyed_large(args: argparse.Namespace) -> int:
     from benchmarks import harness, keyed_large
 
     out = Path(args.out).resolve() if args.out else harness.BENCH_DIR
-    keyed_large.run(args.rows, args.chunk, args.reps, Path(args.workdir).resolve(), out)
+    keyed_large.run(args.rows, args.chunk, args.reps, Path(args.workdir).resolve(), out, with_delta=not args.no_delta)
     return 0
 
 
@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     large.add_argument("--rows", type=int, default=100_000_000)
     large.add_argument("--chunk", type=int, default=10_000_000, help="rows per base-building write (default 10M)")
     large.add_argument("--reps", type=int, default=5)
+    large.add_argument("--no-delta", action="store_true", help="lakesink alone (no delta-rs side)")
     large.add_argument("--workdir", default="/tmp/lakesink-keyed-large")
     large.add_argument("--out", help="where KEYED-LARGE.md and keyed_large.json go (default benchmarks/)")
     large.set_defaults(func=_keyed_large)

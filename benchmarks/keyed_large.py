@@ -5,7 +5,9 @@ The same 100K-row upserts (half updates of random existing keys, half new keys) 
 one run. The large base is built in chunks (lakesink: one keyed write per chunk, the index
 built as it goes; delta-rs: appends). Reported besides batch times: build time, the key
 index's size on disk per key, and the first batch after the index directory is deleted
-(which rebuilds the index from the table). pyiceberg is left out: its upsert already takes
+(which rebuilds the index from the table). `--no-delta` runs lakesink alone: delta-rs's
+copy-on-write merges write ~1.5 GB per batch at 100M rows, which competes with the key
+index for the page cache on a small machine. pyiceberg is left out: its upsert already takes
 ~9 s at 1M rows. Writes KEYED-LARGE.md and keyed_large.json.
 """
 
@@ -68,11 +70,11 @@ def _delta(root: Path) -> dict[str, Any] | None:
     return {"append": append, "merge": merge, "data": root / "delta"}
 
 
-def _one_size(spark: Any, workdir: Path, size: int, chunk: int, reps: int) -> dict[str, Any]:
+def _one_size(spark: Any, workdir: Path, size: int, chunk: int, reps: int, with_delta: bool) -> dict[str, Any]:
     root = workdir / f"size-{size}"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    lakesink, delta = _lakesink(spark, root), _delta(root)
+    lakesink, delta = _lakesink(spark, root), _delta(root) if with_delta else None
     result: dict[str, Any] = {"rows": size}
     started = time.perf_counter()
     for start in range(0, size, chunk):
@@ -122,14 +124,19 @@ def _one_size(spark: Any, workdir: Path, size: int, chunk: int, reps: int) -> di
     return result
 
 
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
 def _markdown(result: dict[str, Any]) -> str:
     small, large = result["sizes"]
+    beside = "next to delta-rs's merge" if small["times"].get("delta-rs") else "alone (--no-delta)"
     lines = [
         "# Keyed upserts into a large table (issue 12)",
         "",
         f"`python -m benchmarks keyed-large --rows {large['rows']}` on {result['date']}: batches of "
         f"{UPSERT_BATCH_FULL:,} rows (half updates of random keys, half new) into {small['rows']:,} and "
-        f"{large['rows']:,} rows, lakesink through Spark (local[2]) next to delta-rs's merge, "
+        f"{large['rows']:,} rows, lakesink through Spark (local[2]) {beside}, "
         f"{result['reps']} timed repetitions after a warm-up, sides alternating; medians.",
         "",
         "| table rows | lakesink batch | delta-rs merge | lakesink build | delta-rs build | index on disk | per key | "
@@ -138,8 +145,8 @@ def _markdown(result: dict[str, Any]) -> str:
     ]
     for s in (small, large):
         lines.append(
-            f"| {s['rows']:,} | {s['medians'].get('lakesink', float('nan')):.2f} s | {s['medians'].get('delta-rs', float('nan')):.2f} s | "
-            f"{s['lakesink_build_s']} s | {s.get('delta_build_s', '-')} s | {s['index_bytes'] / 2**20:,.0f} MiB | "
+            f"| {s['rows']:,} | {s['medians']['lakesink']:.2f} s | {_seconds(s['medians'].get('delta-rs'))} | "
+            f"{s['lakesink_build_s']} s | {_seconds(s.get('delta_build_s'))} | {s['index_bytes'] / 2**20:,.0f} MiB | "
             f"{s['index_bytes_per_key']} B | {s['lakesink_batch_with_rebuild_s']} s |"
         )
     ratio = result["lakesink_large_over_small"]
@@ -148,20 +155,20 @@ def _markdown(result: dict[str, Any]) -> str:
         f"lakesink batch time at {large['rows']:,} / at {small['rows']:,} rows: **{ratio}** "
         f"(target <= {TARGET_LARGE_OVER_SMALL}: {'met' if ratio <= TARGET_LARGE_OVER_SMALL else 'missed'}).",
         "",
-        "Every repetition: " + "; ".join(f"{s['rows']:,} {k} {v}" for s in (small, large) for k, v in s["times"].items()),
+        "Every repetition: " + "; ".join(f"{s['rows']:,} {k} {v}" for s in (small, large) for k, v in s["times"].items() if v),
         "",
     ]
     return "\n".join(lines)
 
 
-def run(rows: int, chunk: int, reps: int, workdir: Path, out: Path) -> dict[str, Any]:
+def run(rows: int, chunk: int, reps: int, workdir: Path, out: Path, with_delta: bool = True) -> dict[str, Any]:
     config = BenchConfig(workdir=workdir, out_dir=out)
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     worker_environment(workdir / "phases.log")
     spark = start_spark(config)
     try:
-        sizes = [_one_size(spark, workdir, size, chunk, reps) for size in (1_000_000, rows)]
+        sizes = [_one_size(spark, workdir, size, chunk, reps, with_delta) for size in (1_000_000, rows)]
     finally:
         spark.stop()
     result = {
