@@ -474,6 +474,7 @@ class KeyIndex:
         token: str,
         keys: Sequence[bytes],
         decide: Callable[[Found, Callable[[str], int]], tuple[np.ndarray, list[bytes | None]]],
+        ordinal_of: Callable[[str], int] | None = None,
     ) -> None:
         """Look `keys` up and apply what `decide` makes of them in ONE write transaction.
 
@@ -484,17 +485,18 @@ class KeyIndex:
         None deletes the key). One transaction means one lock round and one read per key
         (the undo record reuses the lookup). `decide` must not touch the index. The map is
         not grown here (decide may have side effects and must not run twice): the default
-        map is 64 GiB of address space.
+        map is 64 GiB of address space. `ordinal_of` replaces this environment's own file
+        table (a sharded index keeps one file table for all its shards).
         """
         fitted = self._fit_all(keys)
         token_raw = token.encode()
         with self._lock, self._begin(write=True) as txn:
             prevs = list(map(txn.get, fitted, repeat(None), repeat(self._keys)))
 
-            def ordinal_of(path: str) -> int:
+            def own_ordinal(path: str) -> int:
                 return self._assign_ordinals(txn, [path], [self._fit(b"p" + path.encode())])[0]
 
-            changed, values = decide(decode_locations(prevs), ordinal_of)
+            changed, values = decide(decode_locations(prevs), ordinal_of or own_ordinal)
             news = list(prevs)
             for i, value in zip(changed.tolist(), values):
                 news[i] = value

@@ -53,7 +53,8 @@ from lakesink_datasource.iceberg.partition_key import encode_partition
 from lakesink_datasource.iceberg.summary_keys import HOSTS, TOMBSTONES, WRITE_ID
 from lakesink_datasource.index.file_refs import FileRef, encode_ref
 from lakesink_datasource.index.key_encoding import encode_keys
-from lakesink_datasource.index.key_index import IndexState, KeyIndex, Location, pack_positions
+from lakesink_datasource.index.key_index import IndexState, Location, pack_positions
+from lakesink_datasource.index.sharded_index import ShardedIndex
 
 log = logging.getLogger("lakesink")
 
@@ -95,7 +96,7 @@ class KeyColumns:
 
 
 def index_files(
-    index: KeyIndex, io: FileIO, metadata: TableMetadata, files: Sequence[tuple[DataFile, int]], columns: KeyColumns
+    index: ShardedIndex, io: FileIO, metadata: TableMetadata, files: Sequence[tuple[DataFile, int]], columns: KeyColumns
 ) -> int:
     """Index every live row of `files` ((data file, data sequence number) pairs), oldest
     data first so a newer row of a key wins; positions hidden by a live DV are skipped.
@@ -127,7 +128,7 @@ StoredTombstones = Callable[[], pa.Table | None]
 
 
 def restore_tombstones(
-    index: KeyIndex, io: FileIO, metadata: TableMetadata, columns: KeyColumns, token: str, stored: StoredTombstones | None = None
+    index: ShardedIndex, io: FileIO, metadata: TableMetadata, columns: KeyColumns, token: str, stored: StoredTombstones | None = None
 ) -> int:
     """Re-create the tombstones of sequenced deletes for keys that are not live, from the
     companion table's rows and the tombstone files named in the current snapshot's ancestors
@@ -166,7 +167,7 @@ def restore_tombstones(
 
 
 def rebuild(
-    index: KeyIndex, io: FileIO, metadata: TableMetadata, columns: KeyColumns, stored: StoredTombstones | None = None
+    index: ShardedIndex, io: FileIO, metadata: TableMetadata, columns: KeyColumns, stored: StoredTombstones | None = None
 ) -> None:
     snapshot = metadata.current_snapshot()
     index.clear()
@@ -207,7 +208,7 @@ def _removed_file_refs(io: FileIO, metadata: TableMetadata, snapshot: Snapshot) 
 
 
 def sync(
-    index: KeyIndex,
+    index: ShardedIndex,
     io: FileIO,
     metadata: TableMetadata,
     columns: KeyColumns,
@@ -287,7 +288,7 @@ def _committed_writes(path: Iterable[Snapshot]) -> set[str]:
     return {s.summary.additional_properties[WRITE_ID] for s in path if s.summary and WRITE_ID in s.summary.additional_properties}
 
 
-def _rollback_uncommitted(index: KeyIndex, current_write: str, committed: set[str]) -> None:
+def _rollback_uncommitted(index: ShardedIndex, current_write: str, committed: set[str]) -> None:
     """Undo tokens of writes that are neither the current one nor known to be committed."""
     doomed = [t for t in index.pending_tokens() if _write_of(t) not in committed and _write_of(t) != current_write]
     if doomed:

@@ -34,6 +34,18 @@ class Changes:
     is_delete: np.ndarray  # bool per winner
     sequences: list[bytes] | None  # encoded sequence per winner (None: no sequence column)
 
+    def take(self, which: np.ndarray) -> Changes:
+        """The changes at indices `which` (one shard's keys), in that order."""
+        if len(which) == len(self.keys):
+            return self  # one shard got every key: `which` is 0..n-1 (split keeps input order)
+        picked = which.tolist()
+        return Changes(
+            self.rows[which],
+            [self.keys[i] for i in picked],
+            self.is_delete[which],
+            None if self.sequences is None else [self.sequences[i] for i in picked],
+        )
+
 
 def _op_kinds(ops: pa.Array, op_column: str, delete_ops: Sequence[str]) -> np.ndarray:
     """True where the row deletes its key; raises on null or unknown op values."""

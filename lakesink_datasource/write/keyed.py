@@ -34,18 +34,10 @@ from pyroaring import BitMap64
 from lakesink_datasource.arrays import unique_sorted
 from lakesink_datasource.catalog import loader
 from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
-from lakesink_datasource.index.host_lock import host_lock
+from lakesink_datasource.index.host_lock import host_locks
 from lakesink_datasource.index.key_encoding import key_hashes
-from lakesink_datasource.index.key_index import (
-    Found,
-    KeyIndex,
-    damage,
-    open_index,
-    pack_locations,
-    pack_positions,
-    remove_environment,
-    reopen_empty,
-)
+from lakesink_datasource.index.key_index import Found, pack_locations, pack_positions
+from lakesink_datasource.index.sharded_index import ShardedIndex, lock_paths, open_sharded, reopen_empty_sharded
 from lakesink_datasource.index.sync import (
     SEQUENCE,
     TOMBSTONE,
@@ -92,10 +84,9 @@ class KeyedWriter:
         self._spec_id = write_spec(plan, metadata).spec_id
         path = index_location(plan, metadata)
         self.host = index_owner(path)
-        if damage(path) == "not a directory":
-            remove_environment(path)
+        if os.path.lexists(path) and not os.path.isdir(path):
+            os.remove(path)  # a cache directory replaced by a file: the index is rebuilt
         os.makedirs(path, exist_ok=True)
-        self._lock_path = os.path.join(path, "writers.lock")
         self._token = token_for(plan.write_id, self.host, partition_id, attempt)
         columns = KeyColumns(self._keyed.table_key_columns, self._keyed.table_sequence_column)
 
@@ -111,9 +102,9 @@ class KeyedWriter:
 
         started = time.perf_counter()
         self.healed = False  # the index was damaged and rebuilt from the table by this task
-        with host_lock(self._lock_path):
+        with host_locks(lock_paths(path)):
             try:
-                self._index: KeyIndex = open_index(path)
+                self._index: ShardedIndex = open_sharded(path)
                 sync(
                     self._index, io, metadata, columns, write_id=plan.write_id, host=self.host, partition_id=partition_id,
                     attempt=attempt, stored=stored,
@@ -122,7 +113,7 @@ class KeyedWriter:
                 # The index is a cache: a damaged one is dropped and rebuilt from the table.
                 log.warning("lakesink: key index %s is damaged (%s); rebuilding it from the table", path, exc)
                 self.healed = True
-                self._index = reopen_empty(path)
+                self._index = reopen_empty_sharded(path)
                 sync(
                     self._index, io, metadata, columns, write_id=plan.write_id, host=self.host, partition_id=partition_id,
                     attempt=attempt, stored=stored,
@@ -163,32 +154,33 @@ class KeyedWriter:
         )
         if not changes.keys:
             return
-        self._hashes.append(key_hashes(changes.keys))
-        rows = aligned.take(pa.array(changes.rows))
+        hashes = key_hashes(changes.keys)
+        self._hashes.append(hashes)
         started = time.perf_counter()
 
-        def decide(found: Found, ordinal_of: Callable[[str], int]) -> tuple[np.ndarray, list[bytes | None]]:
-            write_mask, tombstones, deletes = self._decide(changes, found)
+        def decide(which: np.ndarray, found: Found, ordinal_of: Callable[[str], int]) -> tuple[np.ndarray, list[bytes | None]]:
+            # One shard's keys: `which` indexes `changes`; the result indexes `which`.
+            part = changes.take(which)
+            write_mask, tombstones, deletes = self._decide(part, found)
             changed: list[np.ndarray] = [deletes]
             values: list[bytes | None] = [None] * len(deletes)
             if len(tombstones):
-                assert changes.sequences is not None  # tombstones only exist with a sequence column
-                picked = resolution.take(pa.array(changes.rows[tombstones]))
+                assert part.sequences is not None  # tombstones only exist with a sequence column
+                picked = resolution.take(pa.array(part.rows[tombstones]))
                 names = list(keyed.table_key_columns)
                 self._tombstones.append(picked.select([*names, keyed.sequence_source]).rename_columns([*names, SEQUENCE]))
                 changed.append(tombstones)
                 values += pack_positions(
-                    TOMBSTONE, np.zeros(len(tombstones), dtype=np.uint64), [changes.sequences[i] for i in tombstones.tolist()]
+                    TOMBSTONE, np.zeros(len(tombstones), dtype=np.uint64), [part.sequences[i] for i in tombstones.tolist()]
                 )
             chosen = np.flatnonzero(write_mask)
             if len(chosen):
-                placed, packed = self._place(rows.take(pa.array(chosen)), chosen, changes.sequences, ordinal_of)
+                placed, packed = self._place(aligned.take(pa.array(part.rows[chosen])), chosen, part.sequences, ordinal_of)
                 changed.append(placed)
                 values += packed
             return np.concatenate(changed), values
 
-        with host_lock(self._lock_path):
-            self._index.transact(self._token, changes.keys, decide)
+        self._index.transact(self._token, changes.keys, decide, hashes=hashes)
         self.index_seconds += time.perf_counter() - started
         self._writer.flush_pending()  # Parquet encoding outside the lock
 
@@ -255,7 +247,7 @@ class KeyedWriter:
     def rollback(self) -> None:
         """Undo this attempt's index changes at once when it fails, so the batch's other
         tasks stop seeing rows that will never commit."""
-        with host_lock(self._lock_path):
+        with self._index.all_locked():
             self._index.rollback_tokens([self._token])
 
     def position_deletes(self) -> list[PositionDeletesMessage]:

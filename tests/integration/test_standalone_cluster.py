@@ -134,7 +134,7 @@ def test_keyed_cdc_on_two_hosts_survives_a_lost_executor_and_refuses_a_key_on_bo
     table = load(warehouse, TABLE)
     assert check_table(table) == []
     # Both workers kept an index of their own (their own HOME), and both wrote keys.
-    indexes = [h for h in homes if any((h / ".cache" / "lakesink" / "index").glob("*/data.mdb"))]
+    indexes = [h for h in homes if any((h / ".cache" / "lakesink" / "index").glob("*/shard-*/data.mdb"))]
     assert indexes == homes
     hosts = {h for s in table.metadata.snapshots if s.summary for h in s.summary.additional_properties.get(HOSTS, "").split(",") if h}
     assert len(hosts) == 2, hosts

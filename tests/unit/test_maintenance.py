@@ -38,7 +38,7 @@ from lakesink_datasource.iceberg.live_files import live_data_files, live_entries
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
 from lakesink_datasource.iceberg.manifests import content_offset, deleted_data_file
 from lakesink_datasource.iceberg.summary_keys import MOVED_DELETES
-from lakesink_datasource.index.key_index import open_index
+from lakesink_datasource.index.sharded_index import open_sharded
 from lakesink_datasource.maintain import main as maintain_main
 from lakesink_datasource.maintain import maintain_table
 from lakesink_datasource.maintenance.after_batch import maintain_after_commit
@@ -148,7 +148,7 @@ def test_keyed_writes_after_a_compaction_move_keys_without_rebuilding_the_index(
     untouched = [i for i in lineage if i % 2 == 1]
     assert untouched and all(after[i] == lineage[i] for i in untouched)
     # The index forgot the files the compaction removed: it knows exactly the live ones.
-    index = open_index(os.path.join(f"{warehouse}/idx", str(table.metadata.table_uuid)))
+    index = open_sharded(os.path.join(f"{warehouse}/idx", str(table.metadata.table_uuid)))
     assert index.file_count() == len(live_data_files(table.io, table.current_snapshot()))
     assert check_table(table) == []
 
@@ -435,7 +435,7 @@ def test_a_long_upsert_stream_keeps_its_table_bounded(warehouse: str) -> None:
     assert len(list(metadata_dir.iterdir())) <= 40  # 10 metadata files + one snapshot's lists and manifests
     assert len(manifests) <= 8
     assert max(live_files) <= 2 * 12 and live_files[-1] <= live_files[0] + 4  # 2 buckets, a few per size class
-    index = open_index(os.path.join(f"{warehouse}/idx", str(table.metadata.table_uuid)))
+    index = open_sharded(os.path.join(f"{warehouse}/idx", str(table.metadata.table_uuid)))
     assert index.count() == 400 and index.file_count() == len(live_data_files(table.io, table.current_snapshot()))
     assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
     assert check_table(table) == []

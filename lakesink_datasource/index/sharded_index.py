@@ -1,0 +1,259 @@
+"""The key index split by key hash into shards, so that the tasks of one host write keys
+concurrently.
+
+LMDB lets one writer at a time into an environment, and a keyed change must hold a host
+lock from its lookup to its write: with one environment, all keyed tasks of a host queue
+for it (two tasks measured 1.41x one task, 42% of a task was that wait). A key lives in
+exactly one shard (`key_hashes(key) % shard count`), so each shard is its own environment
+with its own lock, undo and state, and a task takes a chunk's shards one at a time,
+free ones first: two tasks only wait for each other when both want the same shard.
+
+Layout under the table's index directory::
+
+    files/        one file table for all shards (ordinals packed into key locations)
+    shard-NN/     a `KeyIndex` per shard: keys, undo, state
+    writers-NN.lock
+
+What spans shards is not atomic, and need not be: committing or rolling back tokens and
+catch-up writes are idempotent per shard, and every shard records the state it reflects.
+A crash between two shards leaves shards with different states, which `get_state`
+reports as no state at all: the next sync rebuilds from the table (a cache, never the
+truth). File ordinals are assigned in their own environment, outside the shard's
+transaction; an ordinal assigned for a task attempt that then fails stays behind until
+the next rebuild (a few per failed attempt).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+
+import numpy as np
+
+from lakesink_datasource.faults import fault_point
+from lakesink_datasource.index.host_lock import host_lock, host_locks
+from lakesink_datasource.index.key_encoding import key_hashes
+from lakesink_datasource.index.key_index import (
+    Found,
+    IndexState,
+    KeyIndex,
+    Location,
+    damage,
+    drop_index,
+    open_index,
+    remove_environment,
+    reopen_empty,
+)
+
+__all__ = ["SHARDS", "ShardedIndex", "drop_sharded", "lock_paths", "open_sharded", "reopen_empty_sharded"]
+
+# Shards per table and host: enough for the cores of a typical executor host, few enough
+# that a chunk's keys still fill each shard's B-tree pages (a chunk has 100K keys).
+SHARDS = 8
+
+# decide(which, found, ordinal_of): `which` are the indices (into the keys given to
+# `transact`) of one shard's keys, `found` their current locations; returns the indices
+# into `which` that change and their new packed locations (None deletes the key).
+ShardDecision = Callable[[np.ndarray, Found, Callable[[str], int]], tuple[np.ndarray, list[bytes | None]]]
+
+
+def _shard_dir(path: str, shard: int) -> str:
+    return os.path.join(path, f"shard-{shard:02d}")
+
+
+def _files_dir(path: str) -> str:
+    return os.path.join(path, "files")
+
+
+def lock_paths(path: str, shards: int = SHARDS) -> list[str]:
+    return [os.path.join(os.path.abspath(path), f"writers-{shard:02d}.lock") for shard in range(shards)]
+
+
+class ShardedIndex:
+    """A table's key index on this host: `KeyIndex` shards behind one file table. Use
+    `open_sharded`. Methods mirror `KeyIndex`'s and route keys to their shard."""
+
+    def __init__(self, path: str, shards: Sequence[KeyIndex], files: KeyIndex):
+        self.path = os.path.abspath(path)
+        self.shards = list(shards)
+        self.files = files
+        self.lock_paths = lock_paths(self.path, len(self.shards))
+        self.lock_wait_seconds = 0.0  # time this process waited for a busy shard
+
+    # -- routing ---------------------------------------------------------------------------
+
+    def _split(self, keys: Sequence[bytes], hashes: np.ndarray | None = None) -> list[np.ndarray]:
+        """Indices of `keys` per shard, each in input order."""
+        if not len(keys):
+            return [np.zeros(0, dtype=np.int64) for _ in self.shards]
+        hashes = key_hashes(keys) if hashes is None else hashes
+        shard = (hashes % np.uint64(len(self.shards))).astype(np.int64)
+        order = np.argsort(shard, kind="stable")
+        counts = np.bincount(shard, minlength=len(self.shards))
+        return np.split(order, np.cumsum(counts)[:-1])
+
+    @staticmethod
+    def _take(items: Sequence[bytes], which: np.ndarray) -> list[bytes]:
+        return [items[i] for i in which.tolist()]
+
+    # -- file table ------------------------------------------------------------------------
+
+    def file_ordinal(self, path: str) -> int:
+        return self.files.file_ordinal(path)
+
+    def file_ordinals(self, paths: Iterable[str]) -> list[int]:
+        return self.files.file_ordinals(paths)
+
+    def forget_files(self, paths: Iterable[str]) -> int:
+        return self.files.forget_files(paths)
+
+    def file_count(self) -> int:
+        return self.files.file_count()
+
+    def file_path(self, ordinal: int) -> str:
+        return self.files.file_path(ordinal)
+
+    # -- keys ------------------------------------------------------------------------------
+
+    def lookup(self, keys: Sequence[bytes]) -> list[Location | None]:
+        result: list[Location | None] = [None] * len(keys)
+        for shard, which in zip(self.shards, self._split(keys)):
+            if len(which):
+                for i, location in zip(which.tolist(), shard.lookup(self._take(keys, which))):
+                    result[i] = location
+        return result
+
+    def apply(self, token: str, puts: Sequence[tuple[bytes, Location]], deletes: Sequence[bytes]) -> None:
+        put_parts = self._split([k for k, _ in puts])
+        delete_parts = self._split(deletes)
+        for s, (shard, put_which, delete_which) in enumerate(zip(self.shards, put_parts, delete_parts)):
+            # An empty apply still registers the token, as `KeyIndex.apply` does (in shard 0).
+            if len(put_which) or len(delete_which) or (s == 0 and not puts and not deletes):
+                shard.apply(token, [puts[i] for i in put_which.tolist()], self._take(deletes, delete_which))
+
+    def overwrite_packed(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        for shard, which in zip(self.shards, self._split(keys)):
+            if len(which):
+                shard.overwrite_packed(self._take(keys, which), self._take(values, which))
+
+    def transact(self, token: str, keys: Sequence[bytes], decide: ShardDecision, hashes: np.ndarray | None = None) -> None:
+        """`KeyIndex.transact` per shard, each under its shard's host lock: one write
+        transaction per shard with keys. Shards whose lock is free are taken first; only when
+        every remaining one is busy does the task wait (for the first of them)."""
+        parts = self._split(keys, hashes)
+        pending = [s for s, which in enumerate(parts) if len(which)]
+        while pending:
+            for s in pending:
+                with host_lock(self.lock_paths[s], blocking=False) as held:
+                    if held:
+                        self._transact_shard(s, token, keys, parts[s], decide)
+                        break
+            else:
+                s = pending[0]
+                started = time.perf_counter()
+                with host_lock(self.lock_paths[s]):
+                    self.lock_wait_seconds += time.perf_counter() - started
+                    self._transact_shard(s, token, keys, parts[s], decide)
+            pending.remove(s)
+
+    def _transact_shard(self, s: int, token: str, keys: Sequence[bytes], which: np.ndarray, decide: ShardDecision) -> None:
+        def shard_decide(found: Found, ordinal_of: Callable[[str], int]) -> tuple[np.ndarray, list[bytes | None]]:
+            return decide(which, found, ordinal_of)
+
+        self.shards[s].transact(token, self._take(keys, which), shard_decide, ordinal_of=self.files.file_ordinal)
+
+    def count(self) -> int:
+        return sum(shard.count() for shard in self.shards)
+
+    # -- undo ------------------------------------------------------------------------------
+
+    def pending_tokens(self) -> list[str]:
+        """Tokens pending in any shard (a token that touched no key of a shard is not
+        pending there)."""
+        return list(dict.fromkeys(t for shard in self.shards for t in shard.pending_tokens()))
+
+    def _each_shard(self, op: Callable[[KeyIndex], object], step: str) -> None:
+        for shard in self.shards:
+            op(shard)
+            fault_point(f"index_shard_{step}")  # tests: a crash between two shards
+
+    def commit_tokens(self, tokens: Iterable[str], state: IndexState | None = None) -> None:
+        tokens = list(tokens)
+        self._each_shard(lambda shard: shard.commit_tokens(tokens, state), "committed")
+
+    def rollback_tokens(self, tokens: Iterable[str]) -> None:
+        tokens = list(tokens)
+        self._each_shard(lambda shard: shard.rollback_tokens(tokens), "rolled_back")
+
+    # -- state -----------------------------------------------------------------------------
+
+    def get_state(self) -> IndexState | None:
+        """The state every shard reflects; None when shards disagree (a crash between two
+        shards' state writes), which makes the next sync rebuild."""
+        states = [shard.get_state() for shard in self.shards]
+        return states[0] if all(state == states[0] for state in states) else None
+
+    def set_state(self, state: IndexState) -> None:
+        self._each_shard(lambda shard: shard.set_state(state), "state_set")
+
+    def begin_catch_up(self, target: str) -> None:
+        self._each_shard(lambda shard: shard.begin_catch_up(target), "catch_up_begun")
+
+    def catch_up_under_way(self) -> str | None:
+        return next((t for t in (shard.catch_up_under_way() for shard in self.shards) if t is not None), None)
+
+    # -- maintenance -----------------------------------------------------------------------
+
+    def clear(self) -> None:
+        # Shards first: one cleared shard has no state, so a crash before the rest are cleared
+        # still rebuilds.
+        self._each_shard(lambda shard: shard.clear(), "cleared")
+        self.files.clear()
+
+    @contextmanager
+    def all_locked(self) -> Iterator[None]:
+        """Hold every shard's host lock: for whatever spans shards (sync, rollback)."""
+        with host_locks(self.lock_paths):
+            yield
+
+    def __repr__(self) -> str:
+        return f"ShardedIndex({self.path!r}, {len(self.shards)} shards)"
+
+
+def _prepare(path: str) -> str:
+    path = os.path.abspath(path)
+    if damage(path) == "not a directory":
+        remove_environment(path)
+    os.makedirs(path, exist_ok=True)
+    if os.path.exists(os.path.join(path, "data.mdb")):
+        # The one-environment layout of lakesink before shards: a cache, rebuilt as shards.
+        remove_environment(path)
+    return path
+
+
+def open_sharded(path: str, shards: int = SHARDS) -> ShardedIndex:
+    """The sharded index at `path` (created when absent). Each environment is the process's
+    cached `KeyIndex` (`open_index`), which also answers a damaged one with an empty one."""
+    path = _prepare(path)
+    return ShardedIndex(path, [open_index(_shard_dir(path, s)) for s in range(shards)], open_index(_files_dir(path)))
+
+
+def reopen_empty_sharded(path: str, shards: int = SHARDS) -> ShardedIndex:
+    """Every environment of the index at `path` deleted and opened empty (for a rebuild)."""
+    path = _prepare(path)
+    return ShardedIndex(path, [reopen_empty(_shard_dir(path, s)) for s in range(shards)], reopen_empty(_files_dir(path)))
+
+
+def environment_paths(path: str, shards: int = SHARDS) -> list[str]:
+    path = os.path.abspath(path)
+    return [_files_dir(path), *(_shard_dir(path, s) for s in range(shards))]
+
+
+def drop_sharded(path: str, shards: int = SHARDS) -> None:
+    """Close this process's handles of the index at `path` and delete its directory."""
+    for env in environment_paths(path, shards):
+        drop_index(env)
+    shutil.rmtree(os.path.abspath(path), ignore_errors=True)

@@ -1,0 +1,134 @@
+"""The key index split into shards, against real LMDB environments: the same undo contract
+as one environment, keys spread over shards, and tasks of several processes changing the
+same keys at once without losing a change."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from index_model import KEYS, Model, operation
+
+from lakesink_datasource.index.key_encoding import key_hashes
+from lakesink_datasource.index.key_index import Found, IndexState, Location, pack_positions
+from lakesink_datasource.index.sharded_index import SHARDS, ShardedIndex, drop_sharded, open_sharded
+
+
+def _mapping(ix: ShardedIndex, keys: list[bytes]) -> dict[bytes, Location]:
+    return {k: loc for k, loc in zip(keys, ix.lookup(keys)) if loc is not None}
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=st.lists(operation, max_size=25))
+def test_random_applies_commits_and_rollbacks_match_dict_model(tmp_path_factory: pytest.TempPathFactory, ops: list) -> None:
+    ix = open_sharded(str(tmp_path_factory.mktemp("sharded")))
+    model = Model()
+    try:
+        for step, op in enumerate(ops):
+            if op[0] == "apply":
+                _, token, put_keys, delete_keys = op
+                puts = [(k, Location(step, i, b"s%d" % step if i % 2 else None)) for i, k in enumerate(put_keys)]
+                ix.apply(token, puts, delete_keys)
+                model.apply(token, puts, delete_keys)
+            elif op[0] == "commit":
+                ix.commit_tokens(op[1])
+                model.commit(op[1])
+            else:
+                ix.rollback_tokens(op[1])
+                model.rollback(op[1])
+            assert _mapping(ix, KEYS) == model.mapping
+            assert ix.count() == len(model.mapping)
+            assert sorted(ix.pending_tokens()) == sorted(model.pending)
+    finally:
+        drop_sharded(ix.path)
+
+
+def test_keys_spread_over_every_shard_and_overwrite_round_trips(tmp_path: Path) -> None:
+    ix = open_sharded(str(tmp_path / "idx"))
+    keys = [b"key-%06d" % i for i in range(4_000)]
+    ordinal = ix.file_ordinal("data/a.parquet")
+    ix.overwrite_packed(keys, pack_positions(ordinal, np.arange(len(keys), dtype=np.uint64)))
+    per_shard = [shard.count() for shard in ix.shards]
+    assert len(per_shard) == SHARDS and sum(per_shard) == len(keys)
+    assert min(per_shard) > len(keys) / SHARDS / 2  # a hash, not a range: no shard is left out
+    assert ix.lookup([keys[7], b"absent", keys[3_999]]) == [Location(ordinal, 7), None, Location(ordinal, 3_999)]
+    assert ix.file_path(ordinal) == "data/a.parquet" and ix.file_count() == 1
+    drop_sharded(ix.path)
+
+
+def test_state_is_reported_only_when_every_shard_agrees(tmp_path: Path) -> None:
+    ix = open_sharded(str(tmp_path / "idx"))
+    new, old = IndexState("t", snapshot_id=2), IndexState("t", snapshot_id=1)
+    ix.set_state(old)
+    assert ix.get_state() == old
+    ix.shards[3].set_state(new)  # what a crash between two shards' state writes leaves
+    assert ix.get_state() is None
+    ix.set_state(new)
+    assert ix.get_state() == new
+    ix.shards[0].begin_catch_up("t/9")
+    assert ix.catch_up_under_way() == "t/9"
+    ix.clear()
+    assert ix.get_state() is None and ix.count() == 0 and ix.catch_up_under_way() is None
+    drop_sharded(ix.path)
+
+
+def test_the_one_environment_layout_is_replaced(tmp_path: Path) -> None:
+    from lakesink_datasource.index.key_index import drop_index, open_index
+
+    path = str(tmp_path / "idx")
+    old = open_index(path)
+    old.apply("t", [(b"k", Location(1, 2))], [])
+    old.close()
+    ix = open_sharded(path)
+    assert not os.path.exists(os.path.join(path, "data.mdb"))
+    assert ix.count() == 0 and ix.get_state() is None  # no state: the next sync rebuilds
+    drop_sharded(path)
+    drop_index(path)
+
+
+# ------------------------------------------------------------------------ multi-process
+
+ROUNDS = 40
+KEY_COUNT = 2_000
+
+
+def _increment(which: np.ndarray, found: Found, ordinal_of: object) -> tuple[np.ndarray, list[bytes | None]]:
+    """Every key's position counts the changes made to it: a lost update shows as a short count."""
+    return np.arange(len(which)), list(pack_positions(0, (found.position + 1).astype(np.uint64)))
+
+
+def _child_increments(path: str, worker: int) -> None:
+    ix = open_sharded(path)
+    keys = [b"key-%05d" % i for i in range(KEY_COUNT)]
+    hashes = key_hashes(keys)
+    for round_ in range(ROUNDS):
+        ix.transact(f"w/{worker}/{round_}", keys, _increment, hashes=hashes)
+
+
+def test_tasks_of_two_processes_change_the_same_keys_without_losing_one(tmp_path: Path) -> None:
+    path = str(tmp_path / "idx")
+    parent = open_sharded(path)
+    ctx = multiprocessing.get_context("spawn")
+    children = [ctx.Process(target=_child_increments, args=(path, w)) for w in range(2)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(timeout=300)
+        assert child.exitcode == 0
+    try:
+        keys = [b"key-%05d" % i for i in range(KEY_COUNT)]
+        counts = Counter(loc.position for loc in parent.lookup(keys) if loc is not None)
+        assert counts == Counter({2 * ROUNDS: KEY_COUNT})
+        assert len(parent.pending_tokens()) == 2 * ROUNDS
+        # Undo per shard, however the two workers' writes interleaved: rolling back every
+        # token restores the committed state (no key at all).
+        parent.rollback_tokens(parent.pending_tokens())
+        assert parent.count() == 0 and parent.pending_tokens() == []
+    finally:
+        drop_sharded(path)
