@@ -46,7 +46,7 @@ def run(ids, b, prof=False):
     t2 = time.perf_counter()
     if prof:
         pr.disable()
-        pstats.Stats(pr).sort_stats("cumulative").print_stats(25)
+        pstats.Stats(pr).sort_stats("tottime" if "-t" in sys.argv else "cumulative").print_stats(25)
     print(f"batch {b}: rows={len(ids)} task={t1-t0:.2f}s commit={t2-t1:.2f}s rows/s={len(ids)/(t2-t0):,.0f}", out.stats)
 
 

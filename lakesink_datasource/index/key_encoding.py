@@ -277,20 +277,30 @@ def _rows_from_parts(parts: list[_Encoded], n: int) -> list[bytes]:
 _FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
 
 
-def key_hashes(keys: Sequence[bytes]) -> np.ndarray:
-    """64-bit hashes of the encoded keys, vectorised (FNV-1a over the zero-padded bytes, the
-    length mixed in so padding cannot collide, then a splitmix64 finaliser). Tasks report the
-    keys they touched this way, and the commit compares them with other writers' keys."""
+def key_hashes(keys: Sequence[bytes], *, drop_last_byte: bool = False) -> np.ndarray:
+    """64-bit hashes of the encoded keys, vectorised (FNV-1a over each key's bytes, the length
+    mixed in, then a splitmix64 finaliser). A key's hash never depends on the other keys of
+    the call: tasks report the keys they touched this way, and the commit compares them with
+    keys hashed from other writers' files and other hosts' tasks.
+
+    `drop_last_byte` hashes each key without its last byte, so that keys differing only
+    there (256 consecutive integers, say) hash alike: the key index's shards use it to keep
+    neighbouring keys together."""
     if not keys:
         return np.empty(0, dtype=np.uint64)
-    lengths = np.fromiter(map(len, keys), dtype=np.uint64, count=len(keys))
+    full_lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+    lengths = np.maximum(full_lengths - 1, 0) if drop_last_byte else full_lengths
     width = int(lengths.max())
-    matrix = np.array(keys, dtype=f"S{width}").view(np.uint8).reshape(len(keys), width)
+    matrix = np.array(keys, dtype=f"S{max(1, int(full_lengths.max()))}").view(np.uint8).reshape(len(keys), -1)
+    ragged = int(lengths.min()) != width  # fixed-width keys (integers) need no mask
     h = np.full(len(keys), _FNV_OFFSET, dtype=np.uint64)
     with np.errstate(over="ignore"):
         for j in range(width):
-            h = (h ^ matrix[:, j]) * _FNV_PRIME
-        h = (h ^ lengths) * _FNV_PRIME
+            step = (h ^ matrix[:, j]) * _FNV_PRIME
+            # Only a key's own bytes count: padding would make the hash depend on the
+            # longest key of the call.
+            h = np.where(j < lengths, step, h) if ragged else step
+        h = (h ^ lengths.astype(np.uint64)) * _FNV_PRIME
         h ^= h >> np.uint64(30)
         h *= np.uint64(0xBF58476D1CE4E5B9)
         h ^= h >> np.uint64(27)

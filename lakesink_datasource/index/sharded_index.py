@@ -4,9 +4,15 @@ concurrently.
 LMDB lets one writer at a time into an environment, and a keyed change must hold a host
 lock from its lookup to its write: with one environment, all keyed tasks of a host queue
 for it (two tasks measured 1.41x one task, 42% of a task was that wait). A key lives in
-exactly one shard (`key_hashes(key) % shard count`), so each shard is its own environment
-with its own lock, undo and state, and a task takes a chunk's shards one at a time,
-free ones first: two tasks only wait for each other when both want the same shard.
+exactly one shard (a hash of the key without its last byte, modulo the shard count), so
+each shard is its own environment with its own lock, undo and state, and a task takes a
+chunk's shards one at a time, free ones first: two tasks only wait for each other when
+both want the same shard.
+
+Why not the plain key hash: a task writes a chunk's rows shard after shard, and rows in
+hash order compress worse than rows in key order (upserts of 100K into 1M rows: +27% file
+bytes). Hashing without the last byte keeps runs of up to 256 neighbouring keys together
+(+6%), and still spreads keys evenly once a chunk spans a few thousand of them.
 
 Layout under the table's index directory::
 
@@ -85,11 +91,11 @@ class ShardedIndex:
 
     # -- routing ---------------------------------------------------------------------------
 
-    def _split(self, keys: Sequence[bytes], hashes: np.ndarray | None = None) -> list[np.ndarray]:
+    def _split(self, keys: Sequence[bytes]) -> list[np.ndarray]:
         """Indices of `keys` per shard, each in input order."""
         if not len(keys):
             return [np.zeros(0, dtype=np.int64) for _ in self.shards]
-        hashes = key_hashes(keys) if hashes is None else hashes
+        hashes = key_hashes(keys, drop_last_byte=True)
         shard = (hashes % np.uint64(len(self.shards))).astype(np.int64)
         order = np.argsort(shard, kind="stable")
         counts = np.bincount(shard, minlength=len(self.shards))
@@ -139,11 +145,11 @@ class ShardedIndex:
             if len(which):
                 shard.overwrite_packed(self._take(keys, which), self._take(values, which))
 
-    def transact(self, token: str, keys: Sequence[bytes], decide: ShardDecision, hashes: np.ndarray | None = None) -> None:
+    def transact(self, token: str, keys: Sequence[bytes], decide: ShardDecision) -> None:
         """`KeyIndex.transact` per shard, each under its shard's host lock: one write
         transaction per shard with keys. Shards whose lock is free are taken first; only when
         every remaining one is busy does the task wait (for the first of them)."""
-        parts = self._split(keys, hashes)
+        parts = self._split(keys)
         pending = [s for s, which in enumerate(parts) if len(which)]
         while pending:
             for s in pending:

@@ -154,8 +154,7 @@ class KeyedWriter:
         )
         if not changes.keys:
             return
-        hashes = key_hashes(changes.keys)
-        self._hashes.append(hashes)
+        self._hashes.append(key_hashes(changes.keys))
         started = time.perf_counter()
 
         def decide(which: np.ndarray, found: Found, ordinal_of: Callable[[str], int]) -> tuple[np.ndarray, list[bytes | None]]:
@@ -180,7 +179,7 @@ class KeyedWriter:
                 values += packed
             return np.concatenate(changed), values
 
-        self._index.transact(self._token, changes.keys, decide, hashes=hashes)
+        self._index.transact(self._token, changes.keys, decide)
         self.index_seconds += time.perf_counter() - started
         self._writer.flush_pending()  # Parquet encoding outside the lock
 

@@ -107,3 +107,19 @@ def test_a_plain_append_of_a_key_refuses_a_concurrent_upsert_of_it(warehouse: st
     appender.commit(appender.plan(), appender.write(appender.plan(), [3], "appended-"))
     with pytest.raises(CommitError, match="committed concurrently"):
         keyed.commit(plan, message)
+
+
+@pytest.mark.parametrize("writers", ["two-hosts", "one-host"], indirect=True)
+def test_string_keys_of_different_lengths_are_recognised_as_the_same_key(warehouse: str, writers: tuple[_Writer, _Writer]) -> None:
+    """Key hashes must not depend on the other keys of a batch: here writer b's batch also
+    holds a much longer key than the one both writers change."""
+    a, b = (_Writer(warehouse, w.options["index_dir"], primary_key="v") for w in writers)
+    a.commit(a.plan(), a.write(a.plan(), [5], "base-"))
+    plan_a, plan_b = a.plan(), b.plan()
+    message_a = a.write(plan_a, [1], "k")
+    message_b = b.write(plan_b, [1, 123_456_789_012], "k")  # keys "k1" and "k123456789012"
+    assert a.commit(plan_a, message_a).snapshot_id is not None
+    with pytest.raises(CommitError, match="committed concurrently, also wrote"):
+        b.commit(plan_b, message_b)
+    live = [{"id": 5, "v": "base-5"}, {"id": 1, "v": "k1"}]
+    assert_readers_see(warehouse, IDENT, expected_rows(live, COLUMNS), COLUMNS)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lakesink_datasource.index.key_encoding import NullKeyError, encode_keys
+from lakesink_datasource.index.key_encoding import NullKeyError, encode_keys, key_hashes
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -211,3 +211,13 @@ def test_shape_errors() -> None:
         encode_keys([pa.array([1, 2]), pa.array([1])])
     with pytest.raises(ValueError, match="names"):
         encode_keys([pa.array([1])], names=["a", "b"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=30))
+def test_a_key_hashes_the_same_whatever_else_is_in_the_call(keys: list[bytes]) -> None:
+    """Tasks hash their chunks, the commit hashes other writers' files: the same key must
+    give the same hash whatever the longest key next to it."""
+    alone = [int(key_hashes([k])[0]) for k in keys]
+    assert key_hashes(keys).tolist() == alone
+    assert len(set(alone)) == len(set(keys))  # 64 bits: no collision among a few keys
