@@ -48,6 +48,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakesink_datasource.arrays import take_items
+
 __all__ = [
     "Found",
     "IndexState",
@@ -216,11 +218,8 @@ def _last_per_key(keys: list[bytes], values: list[bytes | None]) -> tuple[list[b
     ).to_numpy()
     ordered = column.take(pa.array(order))
     last = np.append(pc.not_equal(ordered.slice(0, len(keys) - 1), ordered.slice(1)).to_numpy(zero_copy_only=False), True)
-    picked = order[last].tolist()
-    if len(picked) < 2:
-        return [keys[i] for i in picked], [values[i] for i in picked]
-    take = operator.itemgetter(*picked)  # in C (a tuple, as there are several)
-    return list(take(keys)), list(take(values))
+    picked = order[last]
+    return take_items(keys, picked), take_items(values, picked)
 
 
 def _value_lengths(values: Sequence[bytes | None]) -> np.ndarray:

@@ -39,6 +39,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from lakesink_datasource.arrays import take_items
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.index.host_lock import host_lock, host_locks
 from lakesink_datasource.index.key_encoding import key_hashes
@@ -101,10 +102,6 @@ class ShardedIndex:
         counts = np.bincount(shard, minlength=len(self.shards))
         return np.split(order, np.cumsum(counts)[:-1])
 
-    @staticmethod
-    def _take(items: Sequence[bytes], which: np.ndarray) -> list[bytes]:
-        return [items[i] for i in which.tolist()]
-
     # -- file table ------------------------------------------------------------------------
 
     def file_ordinal(self, path: str) -> int:
@@ -128,7 +125,7 @@ class ShardedIndex:
         result: list[Location | None] = [None] * len(keys)
         for shard, which in zip(self.shards, self._split(keys)):
             if len(which):
-                for i, location in zip(which.tolist(), shard.lookup(self._take(keys, which))):
+                for i, location in zip(which.tolist(), shard.lookup(take_items(keys, which))):
                     result[i] = location
         return result
 
@@ -138,12 +135,12 @@ class ShardedIndex:
         for s, (shard, put_which, delete_which) in enumerate(zip(self.shards, put_parts, delete_parts)):
             # An empty apply still registers the token, as `KeyIndex.apply` does (in shard 0).
             if len(put_which) or len(delete_which) or (s == 0 and not puts and not deletes):
-                shard.apply(token, [puts[i] for i in put_which.tolist()], self._take(deletes, delete_which))
+                shard.apply(token, take_items(puts, put_which), take_items(deletes, delete_which))
 
     def overwrite_packed(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
         for shard, which in zip(self.shards, self._split(keys)):
             if len(which):
-                shard.overwrite_packed(self._take(keys, which), self._take(values, which))
+                shard.overwrite_packed(take_items(keys, which), take_items(values, which))
 
     def transact(self, token: str, keys: Sequence[bytes], decide: ShardDecision) -> None:
         """`KeyIndex.transact` per shard, each under its shard's host lock: one write
@@ -169,7 +166,7 @@ class ShardedIndex:
         def shard_decide(found: Found, ordinal_of: Callable[[str], int]) -> tuple[np.ndarray, list[bytes | None]]:
             return decide(which, found, ordinal_of)
 
-        self.shards[s].transact(token, self._take(keys, which), shard_decide, ordinal_of=self.files.file_ordinal)
+        self.shards[s].transact(token, take_items(keys, which), shard_decide, ordinal_of=self.files.file_ordinal)
 
     def count(self) -> int:
         return sum(shard.count() for shard in self.shards)

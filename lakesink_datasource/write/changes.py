@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakesink_datasource.arrays import take_items
 from lakesink_datasource.index.key_encoding import NullKeyError, encode_keys
 
 WRITE_OPS = ("c", "r", "u")  # Debezium: create, read (snapshot), update
@@ -38,12 +39,11 @@ class Changes:
         """The changes at indices `which` (one shard's keys), in that order."""
         if len(which) == len(self.keys):
             return self  # one shard got every key: `which` is 0..n-1 (split keeps input order)
-        picked = which.tolist()
         return Changes(
             self.rows[which],
-            [self.keys[i] for i in picked],
+            take_items(self.keys, which),
             self.is_delete[which],
-            None if self.sequences is None else [self.sequences[i] for i in picked],
+            None if self.sequences is None else take_items(self.sequences, which),
         )
 
 
