@@ -178,14 +178,15 @@ class ShardedIndex:
         pending there)."""
         return list(dict.fromkeys(t for shard in self.shards for t in shard.pending_tokens()))
 
-    def _each_shard(self, op: Callable[[KeyIndex], object], step: str) -> None:
-        for shard in self.shards:
+    def _each_shard(self, op: Callable[[KeyIndex], object], step: str, *, files_too: bool = False) -> None:
+        for shard in [*self.shards, self.files] if files_too else self.shards:
             op(shard)
             fault_point(f"index_shard_{step}")  # tests: a crash between two shards
 
     def commit_tokens(self, tokens: Iterable[str], state: IndexState | None = None) -> None:
         tokens = list(tokens)
-        self._each_shard(lambda shard: shard.commit_tokens(tokens, state), "committed")
+        # The file table holds no tokens, but records the state too (see get_state).
+        self._each_shard(lambda shard: shard.commit_tokens(tokens, state), "committed", files_too=state is not None)
 
     def rollback_tokens(self, tokens: Iterable[str]) -> None:
         tokens = list(tokens)
@@ -194,13 +195,15 @@ class ShardedIndex:
     # -- state -----------------------------------------------------------------------------
 
     def get_state(self) -> IndexState | None:
-        """The state every shard reflects; None when shards disagree (a crash between two
-        shards' state writes), which makes the next sync rebuild."""
-        states = [shard.get_state() for shard in self.shards]
+        """The state every shard and the file table reflect; None when they disagree (a crash
+        between two state writes, or one environment found damaged and started empty by
+        `open_index`), which makes the next sync rebuild. The file table counts: shards that
+        kept their keys over an emptied file table would point at ordinals it reassigns."""
+        states = [shard.get_state() for shard in [*self.shards, self.files]]
         return states[0] if all(state == states[0] for state in states) else None
 
     def set_state(self, state: IndexState) -> None:
-        self._each_shard(lambda shard: shard.set_state(state), "state_set")
+        self._each_shard(lambda shard: shard.set_state(state), "state_set", files_too=True)
 
     def begin_catch_up(self, target: str) -> None:
         self._each_shard(lambda shard: shard.begin_catch_up(target), "catch_up_begun")
@@ -213,8 +216,7 @@ class ShardedIndex:
     def clear(self) -> None:
         # Shards first: one cleared shard has no state, so a crash before the rest are cleared
         # still rebuilds.
-        self._each_shard(lambda shard: shard.clear(), "cleared")
-        self.files.clear()
+        self._each_shard(lambda shard: shard.clear(), "cleared", files_too=True)
 
     @contextmanager
     def all_locked(self) -> Iterator[None]:

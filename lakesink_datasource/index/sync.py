@@ -3,7 +3,7 @@
 The index is a cache of the table, never the source of truth. It records the snapshot it
 reflects (`IndexState`); changes of a batch in flight are kept under undo tokens
 `<write id>/<host>/<task>/<attempt>` until the table shows whether that batch committed.
-Before a task uses the index (under the host lock, so once per host and batch):
+Before a task uses the index (holding every shard's host lock, so once per host and batch):
 
 1. tokens of an earlier attempt of this very task are rolled back (a retried task must not
    see its failed attempt's rows);

@@ -1,10 +1,10 @@
 """Keyed writes on the executor: upsert, cdc and dedupe through the host's key index.
 
 Per chunk of input (`write.task` regroups Spark's Arrow batches into chunks of CHUNK_ROWS
-rows): resolve one change per key (`changes.py`), then, holding the host lock, look the
-keys up in the LMDB index, decide each change against what the index says, hand
-the surviving rows to the rolling writer (which names each row's final file and position)
-and record the new locations under this task's undo token. Replaced and deleted rows
+rows): resolve one change per key (`changes.py`), then, shard by shard of the key index,
+each under that shard's host lock, look the keys up, decide each change against what the
+index says, hand the surviving rows to the rolling writer (which names each row's final
+file and position) and record the new locations under this task's undo token. Replaced and deleted rows
 become positions in `hidden`, per data file; the commit turns them into deletion vectors.
 
 Decision per key (the model: live rows are a map key -> latest row):

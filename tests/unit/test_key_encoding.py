@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lakesink_datasource.index.key_encoding import NullKeyError, encode_keys, key_hashes
@@ -213,7 +213,7 @@ def test_shape_errors() -> None:
         encode_keys([pa.array([1])], names=["a", "b"])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(keys=st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=30))
 def test_a_key_hashes_the_same_whatever_else_is_in_the_call(keys: list[bytes]) -> None:
     """Tasks hash their chunks, the commit hashes other writers' files: the same key must

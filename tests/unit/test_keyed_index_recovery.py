@@ -613,7 +613,7 @@ def _run_batch_like_spark(harness: Harness, batch: list, batch_id: int) -> None:
     harness.commit(plan, messages, batch_id)
 
 
-@pytest.mark.parametrize("kind", ["random-bytes", "truncated-while-open", "file-instead-of-directory"])
+@pytest.mark.parametrize("kind", ["random-bytes", "truncated-while-open", "file-instead-of-directory", "file-table-deleted"])
 def test_a_damaged_index_is_rebuilt_from_the_table_and_results_stay_exact(kind: str, caplog: pytest.LogCaptureFixture) -> None:
     config = Config("cdc", "bucket(4, id)", True)
     first = [[[Change(k, "c", seq=1) for k in range(0, 400)]]]
@@ -639,6 +639,11 @@ def test_a_damaged_index_is_rebuilt_from_the_table_and_results_stay_exact(kind: 
                 f.write(np.random.default_rng(7).bytes(size - 2 * 4096))
         elif kind == "truncated-while-open":
             os.truncate(data, os.path.getsize(data) // 3)  # this process keeps its mapping
+        elif kind == "file-table-deleted":
+            # The shards keep their keys; the ordinals they point at are gone with the table.
+            files = os.path.join(path, "files")
+            key_index._CACHE.pop(files).close()
+            shutil.rmtree(files)
         else:
             for name, index in list(key_index._CACHE.items()):
                 if name.startswith(os.path.abspath(harness.index_dir)):
