@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -88,7 +87,6 @@ class ShardedIndex:
         self.shards = list(shards)
         self.files = files
         self.lock_paths = lock_paths(self.path, len(self.shards))
-        self.lock_wait_seconds = 0.0  # time this process waited for a busy shard
 
     # -- routing ---------------------------------------------------------------------------
 
@@ -156,9 +154,7 @@ class ShardedIndex:
                         break
             else:
                 s = pending[0]
-                started = time.perf_counter()
                 with host_lock(self.lock_paths[s]):
-                    self.lock_wait_seconds += time.perf_counter() - started
                     self._transact_shard(s, token, keys, parts[s], decide)
             pending.remove(s)
 
