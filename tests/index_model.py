@@ -3,6 +3,10 @@ environment (`KeyIndex`) and of the sharded index."""
 
 from __future__ import annotations
 
+import multiprocessing
+from collections.abc import Callable
+from typing import Any
+
 from hypothesis import strategies as st
 
 from lakesink_datasource.index.key_index import Location
@@ -76,3 +80,39 @@ class Model:
             self.mapping.pop(k, None)
         else:
             self.mapping[k] = value
+
+
+def check_against_model(ix: Any, ops: list, *, pending_in_order: bool = True) -> None:
+    """Run `ops` on the index `ix` (a `KeyIndex` or a `ShardedIndex`) and on the model,
+    comparing the mapping, the count and the pending tokens after every step. A sharded
+    index lists pending tokens shard by shard, so only the set is compared there."""
+    model = Model()
+    for step, op in enumerate(ops):
+        if op[0] == "apply":
+            _, token, put_keys, delete_keys = op
+            # Every put writes a fresh location, as real writes land in new files.
+            puts = [(k, Location(step, i, b"s%d" % step if i % 2 else None)) for i, k in enumerate(put_keys)]
+            ix.apply(token, puts, delete_keys)
+            model.apply(token, puts, delete_keys)
+        elif op[0] == "commit":
+            ix.commit_tokens(op[1])
+            model.commit(op[1])
+        else:
+            ix.rollback_tokens(op[1])
+            model.rollback(op[1])
+        assert {k: loc for k, loc in zip(KEYS, ix.lookup(KEYS)) if loc is not None} == model.mapping
+        assert ix.count() == len(model.mapping)
+        pending = ix.pending_tokens()
+        assert (pending if pending_in_order else sorted(pending)) == (model.pending if pending_in_order else sorted(model.pending))
+
+
+def run_workers(target: Callable[..., None], *args: Any, workers: int = 2, timeout: float = 300) -> None:
+    """`target(*args, worker)` in `workers` spawned processes at once (each opens its own
+    LMDB handles, as Spark's worker processes do); fails unless every one exits cleanly."""
+    ctx = multiprocessing.get_context("spawn")
+    children = [ctx.Process(target=target, args=(*args, w)) for w in range(workers)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(timeout=timeout)
+        assert child.exitcode == 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from index_model import KEYS, TOKENS, Model, operation
+from index_model import KEYS, TOKENS, check_against_model, operation, run_workers
 
 from lakesink_datasource.index.key_index import (
     Found,
@@ -198,24 +197,8 @@ def test_empty_apply_still_registers_the_token(index: KeyIndex) -> None:
 @given(ops=st.lists(operation, max_size=25))
 def test_random_applies_commits_and_rollbacks_match_dict_model(tmp_path_factory: pytest.TempPathFactory, ops: list) -> None:
     ix = open_index(str(tmp_path_factory.mktemp("model")))
-    model = Model()
     try:
-        for step, op in enumerate(ops):
-            if op[0] == "apply":
-                _, token, put_keys, delete_keys = op
-                # Every put writes a fresh location, as real writes land in new files.
-                puts = [(k, Location(step, i, b"s%d" % step if i % 2 else None)) for i, k in enumerate(put_keys)]
-                ix.apply(token, puts, delete_keys)
-                model.apply(token, puts, delete_keys)
-            elif op[0] == "commit":
-                ix.commit_tokens(op[1])
-                model.commit(op[1])
-            else:
-                ix.rollback_tokens(op[1])
-                model.rollback(op[1])
-            assert snapshot(ix, KEYS) == model.mapping
-            assert ix.count() == len(model.mapping)
-            assert ix.pending_tokens() == model.pending
+        check_against_model(ix, ops)
     finally:
         drop_index(ix.path)
 
@@ -297,7 +280,7 @@ def test_map_grows_when_full(tmp_path: Path) -> None:
 SHARED_PATHS = [f"s3://bucket/shared-{i}.parquet" for i in range(20)]
 
 
-def _child_writes(path: str, worker: int, n: int) -> None:
+def _child_writes(path: str, n: int, worker: int) -> None:
     """Runs in a spawned process: its own LMDB handle on the shared directory."""
     ix = open_index(path, map_size=64 * 1024)  # small: forces map growth across processes
     own = ix.file_ordinal(f"s3://bucket/own-{worker}.parquet")
@@ -313,14 +296,8 @@ def _child_writes(path: str, worker: int, n: int) -> None:
 def test_two_processes_write_the_same_index(tmp_path: Path) -> None:
     path = str(tmp_path / "shared")
     parent = open_index(path)  # the parent keeps a handle open the whole time too
-    ctx = multiprocessing.get_context("spawn")
     n = 8_000
-    children = [ctx.Process(target=_child_writes, args=(path, w, n)) for w in range(2)]
-    for child in children:
-        child.start()
-    for child in children:
-        child.join(timeout=120)
-        assert child.exitcode == 0
+    run_workers(_child_writes, path, n, timeout=120)
     try:
         assert parent.count() == 2 * n + 2
         assert sorted(parent.pending_tokens()) == ["q/0/0", "q/0/1"]

@@ -4,7 +4,6 @@ same keys at once without losing a change."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections import Counter
 from pathlib import Path
@@ -14,38 +13,19 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from index_model import KEYS, Model, operation
+from index_model import check_against_model, operation, run_workers
 
 from lakesink_datasource.index.key_encoding import encode_keys, key_hashes
 from lakesink_datasource.index.key_index import Found, IndexState, Location, pack_positions
-from lakesink_datasource.index.sharded_index import SHARDS, ShardedIndex, drop_sharded, open_sharded
-
-
-def _mapping(ix: ShardedIndex, keys: list[bytes]) -> dict[bytes, Location]:
-    return {k: loc for k, loc in zip(keys, ix.lookup(keys)) if loc is not None}
+from lakesink_datasource.index.sharded_index import SHARDS, drop_sharded, open_sharded
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(operation, max_size=25))
 def test_random_applies_commits_and_rollbacks_match_dict_model(tmp_path_factory: pytest.TempPathFactory, ops: list) -> None:
     ix = open_sharded(str(tmp_path_factory.mktemp("sharded")))
-    model = Model()
     try:
-        for step, op in enumerate(ops):
-            if op[0] == "apply":
-                _, token, put_keys, delete_keys = op
-                puts = [(k, Location(step, i, b"s%d" % step if i % 2 else None)) for i, k in enumerate(put_keys)]
-                ix.apply(token, puts, delete_keys)
-                model.apply(token, puts, delete_keys)
-            elif op[0] == "commit":
-                ix.commit_tokens(op[1])
-                model.commit(op[1])
-            else:
-                ix.rollback_tokens(op[1])
-                model.rollback(op[1])
-            assert _mapping(ix, KEYS) == model.mapping
-            assert ix.count() == len(model.mapping)
-            assert sorted(ix.pending_tokens()) == sorted(model.pending)
+        check_against_model(ix, ops, pending_in_order=False)
     finally:
         drop_sharded(ix.path)
 
@@ -137,13 +117,7 @@ def _child_increments(path: str, worker: int) -> None:
 def test_tasks_of_two_processes_change_the_same_keys_without_losing_one(tmp_path: Path) -> None:
     path = str(tmp_path / "idx")
     parent = open_sharded(path)
-    ctx = multiprocessing.get_context("spawn")
-    children = [ctx.Process(target=_child_increments, args=(path, w)) for w in range(2)]
-    for child in children:
-        child.start()
-    for child in children:
-        child.join(timeout=300)
-        assert child.exitcode == 0
+    run_workers(_child_increments, path)
     try:
         keys = [b"key-%05d" % i for i in range(KEY_COUNT)]
         counts = Counter(loc.position for loc in parent.lookup(keys) if loc is not None)
