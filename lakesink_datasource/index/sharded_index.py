@@ -10,9 +10,9 @@ chunk's shards one at a time, free ones first: two tasks only wait for each othe
 both want the same shard.
 
 Why not the plain key hash: a task writes a chunk's rows shard after shard, and rows in
-hash order compress worse than rows in key order (upserts of 100K into 1M rows: +27% file
-bytes). Hashing without the last byte keeps runs of up to 256 neighbouring keys together
-(+6%), and still spreads keys evenly once a chunk spans a few thousand of them.
+hash order compress worse than rows in key order (a task upserting 100K rows into 1M: +42%
+file bytes). Hashing without the last byte keeps runs of up to 256 neighbouring keys
+together (+11%), and still spreads keys evenly once a chunk spans a few thousand of them.
 
 Layout under the table's index directory::
 
@@ -21,9 +21,9 @@ Layout under the table's index directory::
     writers-NN.lock
 
 What spans shards is not atomic, and need not be: committing or rolling back tokens and
-catch-up writes are idempotent per shard, and every shard records the state it reflects.
-A crash between two shards leaves shards with different states, which `get_state`
-reports as no state at all: the next sync rebuilds from the table (a cache, never the
+catch-up writes are idempotent per shard, and every shard (and the file table) records
+the state it reflects. A crash between two shards leaves different states, which
+`get_state` reports as no state at all: the next sync rebuilds from the table (a cache, never the
 truth). File ordinals are assigned in their own environment, outside the shard's
 transaction; an ordinal assigned for a task attempt that then fails stays behind until
 the next rebuild (a few per failed attempt).
