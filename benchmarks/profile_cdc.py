@@ -4,13 +4,14 @@ Builds a 1M-row v3 table with operation=cdc (op column, sequence column), then a
 batches of 100K changes (70% updates of random live keys, 20% inserts, 10% deletes) as two
 tasks of 50K clustered by key (as `repartition(2, "id")` makes them) plus one commit, and
 prints where each batch's time goes (the tasks; the driver's whole step: tombstones, commit,
-maintenance); -p adds cProfile's top functions of the last batch
-(-t: by own time instead of cumulative).
+maintenance); -p adds cProfile's top functions of the last batch, or of batch
+$PROFILE_BATCH (7 follows a compaction), -t sorts them by own time instead of cumulative.
 """
 
 from __future__ import annotations
 
 import cProfile
+import os
 import pstats
 import shutil
 import sys
@@ -77,7 +78,7 @@ def main() -> None:
         upd, dele = live[picked[:70_000]], live[picked[70_000:]]
         ins = np.arange(next_id, next_id + 20_000)
         next_id += 20_000
-        profile = cProfile.Profile() if b == batches and "-p" in sys.argv else None
+        profile = cProfile.Profile() if b == int(os.environ.get("PROFILE_BATCH", batches)) and "-p" in sys.argv else None
         run(np.concatenate([upd, ins, dele]), ["u"] * 70_000 + ["c"] * 20_000 + ["d"] * 10_000, b, profile)
         live = np.concatenate([np.delete(live, picked[70_000:]), ins])
         if profile:

@@ -332,3 +332,23 @@ def test_a_sequence_too_long_for_the_undo_log_is_refused_by_every_packer(index: 
         index.apply("t", [(key(1), Location(1, 0, too_long))], [])
     assert index.lookup([key(1)]) == [None]
     assert pack_positions(1, np.array([5], dtype=np.uint64), [None]) == [pack_location(Location(1, 5))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ordinal=st.integers(0, 2**32 - 1),
+    rows=st.lists(st.tuples(st.integers(0, 2**64 - 1), st.one_of(st.none(), st.binary(max_size=12))), min_size=1, max_size=20),
+    width=st.one_of(st.none(), st.integers(1, 12)),
+)
+def test_pack_positions_matches_packing_one_location_at_a_time(ordinal: int, rows: list, width: int | None) -> None:
+    """Bulk packing gives exactly the bytes of `pack_location`, with and without sequences,
+    with some rows lacking one or all of one width."""
+    import numpy as np
+
+    if width is not None:  # every row a sequence of one width (an encoded number)
+        rows = [(p, (s or b"").ljust(width, b"\x00")[:width]) for p, s in rows]
+    positions = np.array([p for p, _ in rows], dtype=np.uint64)
+    sequences = [s for _, s in rows]
+    expected = [pack_location(Location(ordinal, p, s)) for p, s in rows]
+    assert pack_positions(ordinal, positions, sequences) == expected
+    assert pack_positions(ordinal, positions) == [pack_location(Location(ordinal, p)) for p, _ in rows]
