@@ -54,7 +54,7 @@ from lakesink_datasource.index.key_index import (
     reopen_empty,
 )
 
-__all__ = ["SHARDS", "ShardedIndex", "drop_sharded", "lock_paths", "open_sharded", "reopen_empty_sharded"]
+__all__ = ["SHARDS", "ShardedIndex", "drop_sharded", "lock_paths", "make_index_dir", "open_sharded", "reopen_empty_sharded"]
 
 # Shards per table and host: enough for the cores of a typical executor host, few enough
 # that a chunk's keys still fill each shard's B-tree pages (a chunk has 100K keys).
@@ -224,11 +224,18 @@ class ShardedIndex:
         return f"ShardedIndex({self.path!r}, {len(self.shards)} shards)"
 
 
-def _prepare(path: str) -> str:
+def make_index_dir(path: str) -> str:
+    """The index's directory, created (a file standing in its place is removed: the index is
+    a cache, rebuilt). Writers call it before taking the shard locks, whose files live there."""
     path = os.path.abspath(path)
     if damage(path) == "not a directory":
         remove_environment(path)
     os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _prepare(path: str) -> str:
+    path = make_index_dir(path)
     if os.path.exists(os.path.join(path, "data.mdb")):
         # The one-environment layout of lakesink before shards: a cache, rebuilt as shards.
         remove_environment(path)

@@ -37,7 +37,13 @@ from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.host_lock import host_locks
 from lakesink_datasource.index.key_encoding import key_hashes
 from lakesink_datasource.index.key_index import Found, pack_locations, pack_positions
-from lakesink_datasource.index.sharded_index import ShardedIndex, lock_paths, open_sharded, reopen_empty_sharded
+from lakesink_datasource.index.sharded_index import (
+    ShardedIndex,
+    lock_paths,
+    make_index_dir,
+    open_sharded,
+    reopen_empty_sharded,
+)
 from lakesink_datasource.index.sync import (
     SEQUENCE,
     TOMBSTONE,
@@ -82,11 +88,8 @@ class KeyedWriter:
         self._splitter = splitter
         self._aligner = aligner
         self._spec_id = write_spec(plan, metadata).spec_id
-        path = index_location(plan, metadata)
+        path = make_index_dir(index_location(plan, metadata))
         self.host = index_owner(path)
-        if os.path.lexists(path) and not os.path.isdir(path):
-            os.remove(path)  # a cache directory replaced by a file: the index is rebuilt
-        os.makedirs(path, exist_ok=True)
         self._token = token_for(plan.write_id, self.host, partition_id, attempt)
         columns = KeyColumns(self._keyed.table_key_columns, self._keyed.table_sequence_column)
 
