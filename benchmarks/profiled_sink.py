@@ -72,6 +72,7 @@ def _run(kind: str, fn, extra) -> object:  # type: ignore[no-untyped-def]
             mode = fh.read().strip() or "time"
     tag = f"{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     profiler = cProfile.Profile() if mode == "cprofile" else None
+    started = time.time()
     t0 = time.perf_counter()
     if profiler:
         profiler.enable()
@@ -84,7 +85,7 @@ def _run(kind: str, fn, extra) -> object:  # type: ignore[no-untyped-def]
     out = _out_dir()
     if profiler:
         profiler.dump_stats(os.path.join(out, f"{tag}.prof"))
-    record = {"kind": kind, "mode": mode, "pid": os.getpid(), "wall_s": wall, **extra()}
+    record = {"kind": kind, "mode": mode, "pid": os.getpid(), "wall_s": wall, "started": started, **extra()}
     if isinstance(result, LakeSinkCommitMessage):
         stats = result.result().stats
         record.update(rows_in=stats.rows_in, partition_s=stats.partition_seconds, write_s=stats.write_seconds, bytes=stats.bytes_written)
@@ -116,4 +117,4 @@ class ProfiledLakeSink(LakeSinkDataSource):
         return "lakesink_profiled"
 
     def writer(self, schema: StructType, overwrite: bool) -> ProfiledBatchWriter:
-        return ProfiledBatchWriter(plan_write(parse_options(self.options), schema, overwrite))
+        return _run("plan", lambda: ProfiledBatchWriter(plan_write(parse_options(self.options), schema, overwrite)), dict)  # type: ignore[return-value]

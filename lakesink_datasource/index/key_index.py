@@ -37,7 +37,8 @@ import os
 import shutil
 import struct
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from itertools import compress, repeat
 from types import TracebackType
 from typing import Any, NamedTuple, Protocol, TypeVar, cast
@@ -70,8 +71,9 @@ class _Cursor(Protocol):
 
 class _Txn(Protocol):
     """What the index uses of an lmdb transaction. lmdb's stubs type values as
-    `bytes | memoryview` to cover `buffers=True`; lakesink never asks for buffers, so every
-    value is `bytes` (the one cast is in `KeyIndex._begin`)."""
+    `bytes | memoryview` to cover `buffers=True`; lakesink asks for buffers only to read
+    move maps as numpy views (`KeyIndex.move_maps`, which takes them as buffers), so every
+    other value is `bytes` (the one cast is in `KeyIndex._begin`)."""
 
     def get(self, key: bytes, default: bytes | None = None, db: Any = None) -> bytes | None: ...
     def put(self, key: bytes, value: bytes, db: Any = None) -> bool: ...
@@ -79,6 +81,7 @@ class _Txn(Protocol):
     def cursor(self, db: Any = None) -> _Cursor: ...
     def drop(self, db: Any, delete: bool = True) -> None: ...
     def stat(self, db: Any) -> dict[str, int]: ...
+    def abort(self) -> None: ...
     def __enter__(self) -> _Txn: ...
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None: ...
 
@@ -122,7 +125,7 @@ _ABSENT = 0xFFFF  # undo length sentinel: the key had / gets no value
 # so no single LMDB value needs a huge run of contiguous overflow pages.
 _UNDO_CHUNK_RECORDS = 8192
 
-_DB_KEYS, _DB_FILES, _DB_UNDO, _DB_META = b"keys", b"files", b"undo", b"meta"
+_DB_KEYS, _DB_FILES, _DB_UNDO, _DB_META, _DB_MOVES = b"keys", b"files", b"undo", b"meta", b"moves"
 _META_NEXT_ORDINAL = b"next_ordinal"
 _META_NEXT_UNDO_SEQ = b"next_undo_seq"
 _META_STATE = b"state"
@@ -307,22 +310,24 @@ class KeyIndex:
         self._env.reader_check()
         self.inode = _data_inode(self.path)
         self._max_key = self._env.max_key_size()
-        self._keys, self._files, self._undo, self._meta = self._write(self._open_dbs)
+        self._keys, self._files, self._undo, self._meta, self._moves = self._write(self._open_dbs)
         self.closed = False
 
-    def _open_dbs(self, txn: _Txn) -> tuple[Any, Any, Any, Any]:
-        keys, files, undo, meta = (
+    def _open_dbs(self, txn: _Txn) -> tuple[Any, Any, Any, Any, Any]:
+        keys, files, undo, meta, moves = (
             self._env.open_db(name, txn=cast(lmdb.Transaction, txn), create=True)  # the real one, see _Txn
-            for name in (_DB_KEYS, _DB_FILES, _DB_UNDO, _DB_META)
+            for name in (_DB_KEYS, _DB_FILES, _DB_UNDO, _DB_META, _DB_MOVES)
         )
-        return keys, files, undo, meta
+        return keys, files, undo, meta, moves
 
     # -- transactions with map growth ------------------------------------------------------
 
-    def _begin(self, write: bool) -> _Txn:
+    def _begin(self, write: bool, buffers: bool = False) -> _Txn:
         """A transaction on the current map; a map another process grew is adopted first."""
         while True:
             try:
+                if buffers:
+                    return cast(_Txn, self._env.begin(write=write, buffers=True))
                 return cast(_Txn, self._env.begin(write=write))
             except lmdb.MapResizedError:
                 self._env.set_mapsize(0)  # 0: take the size the other process set
@@ -373,6 +378,15 @@ class KeyIndex:
             return [_U32BE.unpack(v)[0] for v in known]
         return self._write(lambda txn: self._assign_ordinals(txn, paths, path_keys))
 
+    def known_ordinals(self, paths: Iterable[str]) -> list[int | None]:
+        """The ordinals `paths` already have (None for a path never given one), assigning none."""
+        path_keys = [self._fit(b"p" + p.encode()) for p in paths]
+        found = self._read(lambda txn: [txn.get(k, db=self._files) for k in path_keys])
+        return [None if v is None else _U32BE.unpack(v)[0] for v in found]
+
+    def has_ordinal(self, ordinal: int) -> bool:
+        return self._read(lambda txn: txn.get(b"o" + _U32BE.pack(ordinal), db=self._files)) is not None
+
     def _assign_ordinals(self, txn: _Txn, paths: list[str], path_keys: list[bytes]) -> list[int]:
         # Re-read inside the write txn: another process may have assigned them meanwhile.
         raw_next = txn.get(_META_NEXT_ORDINAL, db=self._meta)
@@ -415,6 +429,29 @@ class KeyIndex:
         if raw is None:
             raise KeyError(f"no data file with ordinal {ordinal} in index {self.path}")
         return raw.decode()
+
+    # -- move maps (index/row_moves.py) ----------------------------------------------------
+
+    @contextmanager
+    def move_maps(self) -> Iterator[dict[int, np.ndarray]]:
+        """The stored move maps (old file ordinal -> int64 places), as read-only views of the
+        map that stay valid inside the `with` block only: no copy, however large they grow."""
+        with self._lock:
+            txn = self._begin(write=False, buffers=True)
+            try:
+                yield {_U32BE.unpack(bytes(k))[0]: np.frombuffer(v, dtype="<i8") for k, v in txn.cursor(db=self._moves)}
+            finally:
+                txn.abort()
+
+    def put_move_maps(self, maps: Mapping[int, np.ndarray]) -> None:
+        def body(txn: _Txn) -> None:
+            for ordinal, places in maps.items():
+                txn.put(_U32BE.pack(ordinal), np.ascontiguousarray(places, dtype="<i8").tobytes(), db=self._moves)
+
+        self._write(body)
+
+    def drop_move_maps(self) -> None:
+        self._write(lambda txn: txn.drop(self._moves, delete=False))
 
     # -- keys ------------------------------------------------------------------------------
 
@@ -690,10 +727,10 @@ class KeyIndex:
     # -- maintenance -----------------------------------------------------------------------
 
     def clear(self) -> None:
-        """Empty keys, files, undo and meta (counters included) in one txn, for a rebuild."""
+        """Empty keys, files, undo, meta (counters included) and move maps in one txn, for a rebuild."""
 
         def body(txn: _Txn) -> None:
-            for db in (self._keys, self._files, self._undo, self._meta):
+            for db in (self._keys, self._files, self._undo, self._meta, self._moves):
                 txn.drop(db, delete=False)
 
         self._write(body)

@@ -53,6 +53,7 @@ from lakesink_datasource.index.key_index import (
     remove_environment,
     reopen_empty,
 )
+from lakesink_datasource.index.row_moves import MoveMaps, compose, moved_rows, translate
 
 __all__ = ["SHARDS", "ShardedIndex", "drop_sharded", "lock_paths", "make_index_dir", "open_sharded", "reopen_empty_sharded"]
 
@@ -108,6 +109,12 @@ class ShardedIndex:
     def file_ordinals(self, paths: Iterable[str]) -> list[int]:
         return self.files.file_ordinals(paths)
 
+    def known_ordinals(self, paths: Iterable[str]) -> list[int | None]:
+        return self.files.known_ordinals(paths)
+
+    def has_ordinal(self, ordinal: int) -> bool:
+        return self.files.has_ordinal(ordinal)
+
     def forget_files(self, paths: Iterable[str]) -> int:
         return self.files.forget_files(paths)
 
@@ -125,6 +132,9 @@ class ShardedIndex:
             if len(which):
                 for i, location in zip(which.tolist(), shard.lookup(take_items(keys, which))):
                     result[i] = location
+        with self.files.move_maps() as maps:
+            if maps:
+                result = [_moved(loc, maps) for loc in result]
         return result
 
     def apply(self, token: str, puts: Sequence[tuple[bytes, Location]], deletes: Sequence[bytes]) -> None:
@@ -146,26 +156,53 @@ class ShardedIndex:
         every remaining one is busy does the task wait (for the first of them)."""
         parts = self._split(keys)
         pending = [s for s, which in enumerate(parts) if len(which)]
-        while pending:
-            for s in pending:
-                with host_lock(self.lock_paths[s], blocking=False) as held:
-                    if held:
-                        self._transact_shard(s, token, keys, parts[s], decide)
-                        break
-            else:
-                s = pending[0]
-                with host_lock(self.lock_paths[s]):
-                    self._transact_shard(s, token, keys, parts[s], decide)
-            pending.remove(s)
+        # Move maps change only in a sync, which holds every shard's lock: what this
+        # transaction reads of them stays true while it holds one.
+        with self.files.move_maps() as maps:
+            while pending:
+                for s in pending:
+                    with host_lock(self.lock_paths[s], blocking=False) as held:
+                        if held:
+                            self._transact_shard(s, token, keys, parts[s], decide, maps)
+                            break
+                else:
+                    s = pending[0]
+                    with host_lock(self.lock_paths[s]):
+                        self._transact_shard(s, token, keys, parts[s], decide, maps)
+                pending.remove(s)
 
-    def _transact_shard(self, s: int, token: str, keys: Sequence[bytes], which: np.ndarray, decide: ShardDecision) -> None:
+    def _transact_shard(
+        self, s: int, token: str, keys: Sequence[bytes], which: np.ndarray, decide: ShardDecision, maps: MoveMaps
+    ) -> None:
         def shard_decide(found: Found, ordinal_of: Callable[[str], int]) -> tuple[np.ndarray, list[bytes | None]]:
-            return decide(which, found, ordinal_of)
+            return decide(which, translate(found, maps), ordinal_of)
 
         self.shards[s].transact(token, take_items(keys, which), shard_decide, ordinal_of=self.files.file_ordinal)
 
     def count(self) -> int:
         return sum(shard.count() for shard in self.shards)
+
+    # -- compactions' row moves (index/row_moves.py) -----------------------------------------
+
+    def record_moves(self, new: MoveMaps) -> None:
+        """Keep the move maps of a compaction, re-aiming earlier maps that lead into the files
+        it rewrote. Idempotent (a replayed catch-up records the same maps again)."""
+        with self.files.move_maps() as existing:
+            changed = compose(existing, new)
+        self.files.put_move_maps({**changed, **new})
+
+    def moved_rows(self) -> int:
+        """How many row positions the move maps hold (what they cost on disk: 8 bytes each)."""
+        with self.files.move_maps() as maps:
+            return moved_rows(maps)
+
+    def move_targets(self) -> set[int]:
+        """Ordinals of the files the move maps lead to."""
+        with self.files.move_maps() as maps:
+            return {o for places in maps.values() for o in np.unique(places[places >= 0] >> 32).tolist()}
+
+    def drop_moves(self) -> None:
+        self.files.drop_move_maps()
 
     # -- undo ------------------------------------------------------------------------------
 
@@ -222,6 +259,18 @@ class ShardedIndex:
 
     def __repr__(self) -> str:
         return f"ShardedIndex({self.path!r}, {len(self.shards)} shards)"
+
+
+def _moved(location: Location | None, maps: MoveMaps) -> Location | None:
+    if location is None or location.file_ordinal not in maps:
+        return location
+    found = translate(
+        Found(np.array([True]), np.array([location.file_ordinal], dtype=np.int64), np.array([location.position], dtype=np.int64), None),
+        maps,
+    )
+    if not found.present[0]:
+        return None
+    return Location(int(found.ordinal[0]), int(found.position[0]), location.sequence)
 
 
 def make_index_dir(path: str) -> str:

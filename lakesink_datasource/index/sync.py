@@ -49,11 +49,14 @@ from lakesink_datasource.iceberg.live_files import (
     live_position_deletes,
     without_hidden_rows,
 )
+from lakesink_datasource.iceberg.manifests import data_file_first_row_id
 from lakesink_datasource.iceberg.partition_key import encode_partition
+from lakesink_datasource.iceberg.row_lineage import read_with_row_ids, row_ids
 from lakesink_datasource.iceberg.summary_keys import HOSTS, TOMBSTONES, WRITE_ID
 from lakesink_datasource.index.file_refs import FileRef, encode_ref
 from lakesink_datasource.index.key_encoding import encode_keys
 from lakesink_datasource.index.key_index import IndexState, Location, pack_positions
+from lakesink_datasource.index.row_moves import maps_from_row_ids
 from lakesink_datasource.index.sharded_index import ShardedIndex
 
 log = logging.getLogger("lakesink")
@@ -270,14 +273,77 @@ def sync(
             continue
         if summary is not None and summary.operation == Operation.REPLACE and not tokens:
             # A compaction (lakesink's or another engine's): the same live rows in new files.
-            # Every live row of the removed files is in the added ones, so pointing each key
-            # of the added files at its new place moves exactly the keys that moved.
-            index_files(index, io, metadata, _added_files(io, snapshot), columns)
+            # Its row lineage says where each row went (row_moves.py): keys stay where they
+            # are and lookups follow the moves. Without usable lineage, every key of the
+            # added files is pointed at its new place, which moves exactly the keys that moved.
+            if not record_compaction_moves(index, io, metadata, snapshot):
+                index_files(index, io, metadata, _added_files(io, snapshot), columns)
             index.forget_files(_removed_file_refs(io, metadata, snapshot))
             continue
         rebuild(index, io, metadata, columns, stored)
         return
+    if catching_up:
+        fold_moves(index, io, metadata, columns)
     index.set_state(_state(metadata, target))
+
+
+def _file_ref(metadata: TableMetadata, data_file: DataFile) -> str:
+    spec = metadata.specs()[data_file.spec_id]
+    return encode_ref(FileRef(data_file.file_path, data_file.spec_id, encode_partition(spec, metadata.schema(), data_file.partition)))
+
+
+def _file_row_ids(io: FileIO, data_file: DataFile) -> np.ndarray:
+    """The `_row_id` of every position of a data file (stored, else inherited)."""
+    positions = np.arange(data_file.record_count, dtype=np.int64)
+    table = read_with_row_ids(io, data_file.file_path, [])
+    return row_ids(table, positions, data_file_first_row_id(data_file))
+
+
+def record_compaction_moves(index: ShardedIndex, io: FileIO, metadata: TableMetadata, snapshot: Snapshot) -> bool:
+    """Record where compaction `snapshot` moved the rows the index points at, from row
+    lineage; False (nothing recorded) when lineage cannot tell, or a file is unreadable."""
+    if metadata.format_version < 3:
+        return False
+    removed = data_entries_changed_by(io, snapshot, ManifestEntryStatus.DELETED)
+    added = data_entries_changed_by(io, snapshot, ManifestEntryStatus.ADDED)
+    known = index.known_ordinals([_file_ref(metadata, e.data_file) for e in removed])
+    try:
+        sources = [(o, _file_row_ids(io, e.data_file)) for e, o in zip(removed, known) if o is not None]
+        # Removed files the index never knew hold no key's row; their ids still join, so a
+        # target row from one of them is not mistaken for a lineage gap.
+        unknown = [(-1 - i, _file_row_ids(io, e.data_file)) for i, (e, o) in enumerate(zip(removed, known)) if o is None]
+        targets = [(index.file_ordinal(_file_ref(metadata, e.data_file)), _file_row_ids(io, e.data_file)) for e in added]
+    except FileNotFoundError:
+        return False
+    maps = maps_from_row_ids([*sources, *unknown], targets)
+    if maps is None:
+        return False
+    index.record_moves({o: places for o, places in maps.items() if o >= 0})
+    fault_point("index_moves_recorded")  # tests: a crash before the catch-up reaches its state
+    return True
+
+
+# Move maps are folded once they hold more row positions than this many times the keys
+# (8 bytes a position against ~50 bytes a key), or than FOLD_MIN_ROWS on a small index.
+FOLD_RATIO = 2
+FOLD_MIN_ROWS = 4_000_000
+
+
+def fold_moves(index: ShardedIndex, io: FileIO, metadata: TableMetadata, columns: KeyColumns) -> bool:
+    """Point the keys of the files the move maps lead to at their places directly and drop
+    the maps, once they have outgrown the index. Every key a map serves has its row in one
+    of those (live) files, so re-indexing them leaves no key reading through a map."""
+    moved = index.moved_rows()
+    if moved <= max(FOLD_MIN_ROWS, FOLD_RATIO * index.count()):
+        return False
+    targets = index.move_targets()
+    target_refs = {index.file_path(o) for o in targets if index.has_ordinal(o)}
+    live = [(e.data_file, e.sequence_number or 0) for e in live_data_files(io, metadata.current_snapshot())
+            if _file_ref(metadata, e.data_file) in target_refs]
+    index_files(index, io, metadata, live, columns)
+    index.drop_moves()
+    log.info("lakesink: key index %s folded %d moved rows into %d files' keys", index.path, moved, len(live))
+    return True
 
 
 def _catch_up_name(metadata: TableMetadata, target: Snapshot | None) -> str:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 
 import lmdb
+import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,8 +29,10 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 from keyed_model import Change, Config, Harness, Model, in_order_sequences, label_batches, micro_batches, remote_write
 from pyiceberg.manifest import ManifestContent
+from pyiceberg.schema import Schema
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate
+from pyiceberg.types import LongType, NestedField
 
 from lakesink_datasource.commit.committer import CommitError
 from lakesink_datasource.commit.data_files import data_file
@@ -38,11 +41,14 @@ from lakesink_datasource.faults import InjectedFault
 from lakesink_datasource.iceberg.compat import v3_metadata_writes
 from lakesink_datasource.iceberg.live_files import live_data_files, live_position_deletes, read_hidden_positions
 from lakesink_datasource.iceberg.manifest_list import ManifestListWriter, read_manifest_list
-from lakesink_datasource.iceberg.manifests import read_entries, referenced_data_file, write_manifest
+from lakesink_datasource.iceberg.manifests import data_file_first_row_id, read_entries, referenced_data_file, write_manifest
 from lakesink_datasource.iceberg.partition_key import encode_partition
+from lakesink_datasource.iceberg.row_lineage import FIELD_ID_KEY, ROW_ID, ROW_ID_FIELD_ID, row_ids
 from lakesink_datasource.iceberg.summary import ChangeCounts, build_summary
 from lakesink_datasource.index import key_index
+from lakesink_datasource.index.sharded_index import open_sharded
 from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
+from lakesink_datasource.messages import DataFileMessage
 from lakesink_datasource.schema.arrow_align import table_arrow_schema
 
 SETTINGS = settings(
@@ -176,11 +182,20 @@ def test_tombstone_of_an_absent_key_in_a_batch_that_commits() -> None:
 # ----------------------------------------------------------------- another writer compacts
 
 
-def compact(harness: Harness, choose: Callable[[int], bool]) -> int:
+def _without_row_id_metrics(message: DataFileMessage) -> DataFileMessage:
+    """Readers know `_row_id` by its reserved id; metrics are kept for table columns only."""
+    fields = ("column_sizes", "value_counts", "null_value_counts", "nan_value_counts", "lower_bounds", "upper_bounds")
+    return msgspec.structs.replace(message, **{f: {k: v for k, v in getattr(message, f).items() if k != ROW_ID_FIELD_ID} for f in fields})
+
+
+def compact(harness: Harness, choose: Callable[[int], bool], *, lineage: bool = False) -> int:
     """A `replace` snapshot by another writer: the chosen live data files (grouped per
     partition) are rewritten into one new file per partition holding only their live rows
     (DV applied, order reversed so no position stays valid), and the old files and their
-    DVs become DELETED entries. Returns how many data files were rewritten."""
+    DVs become DELETED entries. `lineage`: the rows keep their `_row_id` (as a v3 writer
+    must; the index then follows the moves through row ids), else they get new ones (as
+    a writer unaware of lineage does; the index re-reads the new files). Returns how many
+    data files were rewritten."""
     table = harness.table()
     metadata, io = table.metadata, table.io
     parent = metadata.current_snapshot()
@@ -193,6 +208,10 @@ def compact(harness: Harness, choose: Callable[[int], bool]) -> int:
     dvs = live_position_deletes(io, parent)
     schema = metadata.schema()
     arrow_schema = table_arrow_schema(schema)
+    write_schema = schema
+    if lineage:
+        arrow_schema = arrow_schema.append(pa.field(ROW_ID, pa.int64(), metadata={FIELD_ID_KEY: str(ROW_ID_FIELD_ID).encode()}))
+        write_schema = Schema(*schema.fields, NestedField(ROW_ID_FIELD_ID, ROW_ID, LongType(), required=False), schema_id=schema.schema_id)
     snapshot_id = new_snapshot_id()
     data_dir = f"{metadata.location.rstrip('/')}/data"
     tag = uuid.uuid4().hex[:8]
@@ -209,22 +228,26 @@ def compact(harness: Harness, choose: Callable[[int], bool]) -> int:
         for e in group:
             with io.new_input(e.data_file.file_path).open() as stream:
                 rows = pq.read_table(stream)
+            ids = row_ids(rows, np.arange(rows.num_rows), data_file_first_row_id(e.data_file))
             dv = dvs.get(e.data_file.file_path)
             if dv is not None:
                 deleted = np.fromiter(read_hidden_positions(io, dv.data_file), dtype=np.int64)
-                rows = rows.filter(pa.array(~np.isin(np.arange(rows.num_rows), deleted)))
+                keep = ~np.isin(np.arange(rows.num_rows), deleted)
+                rows, ids = rows.filter(pa.array(keep)), ids[keep]
+            if lineage:
+                rows = rows.drop_columns([c for c in rows.column_names if c == ROW_ID]).append_column(ROW_ID, pa.array(ids))
             parts.append(rows.select(arrow_schema.names).cast(arrow_schema))
         rows = pa.concat_tables(parts)
         rows = rows.take(pa.array(np.arange(rows.num_rows)[::-1]))
         if rows.num_rows:
             writer = PartitionedParquetWriter(
-                io=io, iceberg_schema=schema, arrow_schema=arrow_schema, spec_id=spec_id,
+                io=io, iceberg_schema=write_schema, arrow_schema=arrow_schema, spec_id=spec_id,
                 table_properties=metadata.properties,
                 path_for=lambda k, n, spec=spec: f"{data_dir}/compacted-{tag}-{len(added)}-{n}.parquet",
             )
             writer.write(key, rows)
             for msg in writer.close():
-                f = data_file(msg, metadata)
+                f = data_file(_without_row_id_metrics(msg), metadata)
                 added.append(f)
                 counts.add(f, spec.partition_to_path(f.partition, schema))
         for e in group:
@@ -292,13 +315,15 @@ def compact(harness: Harness, choose: Callable[[int], bool]) -> int:
     return len(chosen)
 
 
-@pytest.mark.parametrize(("operation", "sequence"), [("cdc", True), ("upsert", False)], ids=["cdc-seq", "upsert-noseq"])
+@pytest.mark.parametrize(("operation", "sequence", "lineage"), [("cdc", True, False), ("upsert", False, False), ("cdc", True, True)],
+                         ids=["cdc-seq", "upsert-noseq", "cdc-seq-lineage"])
 @SETTINGS
 @given(data=st.data())
-def test_compaction_by_another_writer_between_batches(operation: str, sequence: bool, data: st.DataObject) -> None:
+def test_compaction_by_another_writer_between_batches(operation: str, sequence: bool, lineage: bool, data: st.DataObject) -> None:
     """Before every batch but the first, another writer may rewrite some live data files
-    (a `replace` snapshot): the next task's index sync moves the keys of the rewritten files,
-    and later updates and deletes of those keys must hide the rows at their new positions."""
+    (a `replace` snapshot): the next task's index sync moves the keys of the rewritten files
+    (through row lineage when the writer kept it, else by re-reading the new files), and
+    later updates and deletes of those keys must hide the rows at their new positions."""
     config = Config(operation, data.draw(PARTITIONS, label="partition_by"), sequence)
     labelled = label_batches(config, data.draw(micro_batches(operation, sequence, 3, 5), label="batches"))
     # Before each batch but the first: which live files (by their manifest order) to rewrite.
@@ -308,11 +333,15 @@ def test_compaction_by_another_writer_between_batches(operation: str, sequence: 
         for batch_id, batch in enumerate(labelled):
             if batch_id:
                 pick = picks[batch_id]
-                n = compact(harness, lambda i, pick=pick: pick[i % len(pick)])
+                n = compact(harness, lambda i, pick=pick: pick[i % len(pick)], lineage=lineage)
                 event("a compaction rewrote data files" if n else "nothing to compact")
                 note(f"before batch {batch_id}: rewrote {n} data file(s)")
                 harness.assert_matches(model.expected(), f"after the compaction before batch {batch_id}")
             outcome = harness.run_batch(batch, batch_id)
+            if batch_id and lineage and n:
+                # The index followed the rewrite through row ids: no key was re-read.
+                table = harness.table()
+                assert open_sharded(os.path.join(harness.index_dir, str(table.metadata.table_uuid))).moved_rows() > 0
             model.apply_batch(batch)
             note(f"batch {batch_id}: {outcome.skipped_reason or 'committed'}")
             harness.assert_matches(model.expected(), f"after batch {batch_id}")
@@ -346,12 +375,15 @@ def test_compaction_then_updates_and_deletes_of_rewritten_keys(caplog: pytest.Lo
 
 
 @pytest.mark.parametrize("then", ["retry", "older-plan"])
+@pytest.mark.parametrize(("lineage", "point"), [(False, "index_file_done"), (True, "index_moves_recorded")], ids=["re-read", "moves"])
 def test_a_catch_up_interrupted_between_two_files(
-    then: str, tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture  # type: ignore[no-untyped-def]
+    then: str, lineage: bool, point: str, tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture  # type: ignore[no-untyped-def]
 ) -> None:
     """The task after a compaction moves the rewritten keys in the index without undo
-    records, and dies after the first rewritten file. Retried against the same snapshot it
-    replays the catch-up (no rebuild). A batch planned before the compaction (a concurrent
+    records (re-reading the new files, or recording the rewrite's move maps when it kept
+    row lineage), and dies halfway: after the first rewritten file, or after the maps.
+    Retried against the same snapshot it replays the catch-up (no rebuild; maps recorded
+    twice are the same maps). A batch planned before the compaction (a concurrent
     writer's) must not see the half-moved keys: it rebuilds, and the deletes it commits are
     moved onto the compacted files. Either way every update and delete hides the right row."""
     config = Config("cdc", "bucket(4, id)", False)
@@ -365,8 +397,8 @@ def test_a_catch_up_interrupted_between_two_files(
         harness.run_batch(labelled[0], 0)
         model.apply_batch(labelled[0])
         before_compaction = harness.plan()
-        assert compact(harness, lambda i: True) == 4  # one file per bucket, every position changed
-        faults.write_text(json.dumps([{"point": "index_file_done", "action": "raise", "once": True}]))
+        assert compact(harness, lambda i: True, lineage=lineage) == 4  # one file per bucket, every position changed
+        faults.write_text(json.dumps([{"point": point, "action": "raise", "once": True}]))
         with pytest.raises(InjectedFault):
             harness.run_batch(labelled[1], 1)
         assert json.loads(faults.read_text()) == [], "the fault never fired"

@@ -38,6 +38,7 @@ from lakesink_datasource.iceberg.live_files import live_data_files, live_entries
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
 from lakesink_datasource.iceberg.manifests import content_offset, deleted_data_file
 from lakesink_datasource.iceberg.summary_keys import MOVED_DELETES
+from lakesink_datasource.index import sync as sync_module
 from lakesink_datasource.index.sharded_index import open_sharded
 from lakesink_datasource.maintain import main as maintain_main
 from lakesink_datasource.maintain import maintain_table
@@ -150,6 +151,35 @@ def test_keyed_writes_after_a_compaction_move_keys_without_rebuilding_the_index(
     # The index forgot the files the compaction removed: it knows exactly the live ones.
     index = open_sharded(os.path.join(f"{warehouse}/idx", str(table.metadata.table_uuid)))
     assert index.file_count() == len(live_data_files(table.io, table.current_snapshot()))
+    # It followed the compaction through row lineage (no key re-read): the untouched keys
+    # still reach their rows through the compaction's move maps.
+    assert index.moved_rows() > 0
+    assert check_table(table) == []
+
+
+def test_move_maps_are_folded_into_the_keys_once_they_outgrow_the_index(
+    warehouse: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Folding (re-pointing the moved keys at their places, dropping the maps) is what keeps
+    the maps bounded; with the threshold at zero every compaction is folded at once, and
+    later updates of moved and unmoved keys still hide the right rows."""
+    monkeypatch.setattr(sync_module, "FOLD_MIN_ROWS", 0)
+    monkeypatch.setattr(sync_module, "FOLD_RATIO", 0)
+    live = _upsert_history(warehouse)
+    compact(load(warehouse, IDENT), budget_bytes=UNLIMITED, tiered=False)
+    caplog.set_level("INFO", logger="lakesink")
+    caplog.clear()
+    _write(warehouse, range(0, 30, 3), tag="late-", batch=10, **_keyed(warehouse))
+    live.update({r["id"]: r for r in _rows(range(0, 30, 3), "late-")})
+
+    assert [r for r in caplog.records if "folded" in r.getMessage()]
+    assert not [r for r in caplog.records if "rebuilt key index" in r.getMessage()]
+    table = load(warehouse, IDENT)
+    index = open_sharded(os.path.join(f"{warehouse}/idx", str(table.metadata.table_uuid)))
+    assert index.moved_rows() == 0
+    _write(warehouse, range(1, 30, 3), tag="later-", batch=11, **_keyed(warehouse))
+    live.update({r["id"]: r for r in _rows(range(1, 30, 3), "later-")})
+    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
     assert check_table(table) == []
 
 
@@ -411,15 +441,17 @@ def test_maintain_names_a_missing_table_and_a_bad_action(warehouse: str, capsys:
 # --- a long stream ---------------------------------------------------------------------------------
 
 
-def test_a_long_upsert_stream_keeps_its_table_bounded(warehouse: str) -> None:
+def test_a_long_upsert_stream_keeps_its_table_bounded(warehouse: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """300 micro-batches of upserts over 400 repeating keys, maintenance as a stream runs it,
-    retention shortened to zero: metadata, manifests, data files and the key index stay flat."""
+    retention shortened to zero: metadata, manifests, data files and the key index (its
+    compactions' move maps included, folded at a bound lowered to this table's size) stay flat."""
+    monkeypatch.setattr(sync_module, "FOLD_MIN_ROWS", 1000)
     keyed = _keyed(
         warehouse,
         **{"property.history.expire.max-snapshot-age-ms": "0", "property.write.metadata.previous-versions-max": "10"},
     )
     live: dict[int, dict] = {}
-    metadata_sizes, live_files = [], []
+    metadata_sizes, live_files, moved = [], [], []
     for b in range(300):
         ids = [(b * 7 + k * 13) % 400 for k in range(20)]
         _write(warehouse, ids, tag=f"b{b}-", batch=b, maintain=True, **keyed)
@@ -428,6 +460,7 @@ def test_a_long_upsert_stream_keeps_its_table_bounded(warehouse: str) -> None:
             table = load(warehouse, IDENT)
             metadata_sizes.append(os.path.getsize(_local(table.metadata_location)))
             live_files.append(len(live_data_files(table.io, table.current_snapshot())))
+            moved.append(open_sharded(os.path.join(f"{warehouse}/idx", str(table.metadata.table_uuid))).moved_rows())
     table = load(warehouse, IDENT)
     metadata_dir = Path(_local(table.metadata.location)) / "metadata"
     manifests = read_manifest_list(table.io, table.current_snapshot().manifest_list)  # type: ignore[union-attr]
@@ -435,6 +468,7 @@ def test_a_long_upsert_stream_keeps_its_table_bounded(warehouse: str) -> None:
     assert len(list(metadata_dir.iterdir())) <= 40  # 10 metadata files + one snapshot's lists and manifests
     assert len(manifests) <= 8
     assert max(live_files) <= 2 * 12 and live_files[-1] <= live_files[0] + 4  # 2 buckets, a few per size class
+    assert max(moved) <= 1000, moved
     index = open_sharded(os.path.join(f"{warehouse}/idx", str(table.metadata.table_uuid)))
     assert index.count() == 400 and index.file_count() == len(live_data_files(table.io, table.current_snapshot()))
     assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
