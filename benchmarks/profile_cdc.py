@@ -72,7 +72,7 @@ def main() -> None:
     live = np.arange(1_000_000)
     run(live.copy(), ["c"] * len(live), 0, None)
     next_id = len(live)
-    batches = 12
+    batches = int(os.environ.get("PROFILE_BATCHES", "12"))
     for b in range(1, batches + 1):
         picked = rng.choice(len(live), 80_000, replace=False)
         upd, dele = live[picked[:70_000]], live[picked[70_000:]]

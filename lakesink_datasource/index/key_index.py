@@ -126,6 +126,7 @@ _ABSENT = 0xFFFF  # undo length sentinel: the key had / gets no value
 _UNDO_CHUNK_RECORDS = 8192
 
 _DB_KEYS, _DB_FILES, _DB_UNDO, _DB_META, _DB_MOVES = b"keys", b"files", b"undo", b"meta", b"moves"
+_MAP_ONLY = b"m"  # in the moves table: a file only move maps lead into (see move_maps)
 _META_NEXT_ORDINAL = b"next_ordinal"
 _META_NEXT_UNDO_SEQ = b"next_undo_seq"
 _META_STATE = b"state"
@@ -431,6 +432,9 @@ class KeyIndex:
         return raw.decode()
 
     # -- move maps (index/row_moves.py) ----------------------------------------------------
+    # The `moves` table holds a map per moved file (key: the u32 ordinal) and a marker per
+    # file that only maps lead into (key: b"m" + ordinal): no key points at such a file
+    # directly, so when it moves in turn, only the maps leading into it need re-aiming.
 
     @contextmanager
     def move_maps(self) -> Iterator[dict[int, np.ndarray]]:
@@ -439,16 +443,41 @@ class KeyIndex:
         with self._lock:
             txn = self._begin(write=False, buffers=True)
             try:
-                yield {_U32BE.unpack(bytes(k))[0]: np.frombuffer(v, dtype="<i8") for k, v in txn.cursor(db=self._moves)}
+                yield {
+                    _U32BE.unpack(k)[0]: np.frombuffer(v, dtype="<i8")
+                    for k, v in txn.cursor(db=self._moves)
+                    if len(k) == _U32BE.size
+                }
             finally:
                 txn.abort()
 
-    def put_move_maps(self, maps: Mapping[int, np.ndarray]) -> None:
+    def map_only_ordinals(self, ordinals: Iterable[int]) -> set[int]:
+        """Which of `ordinals` are files no key points at directly (only move maps do)."""
+        wanted = list(ordinals)
+        found = self._read(lambda txn: [txn.get(_MAP_ONLY + _U32BE.pack(o), db=self._moves) for o in wanted])
+        return {o for o, raw in zip(wanted, found) if raw is not None}
+
+    def put_move_maps(
+        self, maps: Mapping[int, np.ndarray], *, dropped: Iterable[int] = (), map_only: Iterable[int] = ()
+    ) -> None:
+        """Store `maps`, forget the maps and markers of `dropped` files, mark `map_only` files."""
+
         def body(txn: _Txn) -> None:
+            for ordinal in dropped:
+                txn.delete(_U32BE.pack(ordinal), db=self._moves)
+                txn.delete(_MAP_ONLY + _U32BE.pack(ordinal), db=self._moves)
             for ordinal, places in maps.items():
                 txn.put(_U32BE.pack(ordinal), np.ascontiguousarray(places, dtype="<i8").tobytes(), db=self._moves)
+            for ordinal in map_only:
+                txn.put(_MAP_ONLY + _U32BE.pack(ordinal), b"", db=self._moves)
 
         self._write(body)
+
+    def mark_direct(self, ordinal: int) -> None:
+        """Keys now point at this file directly (it was indexed): it needs a map when it moves."""
+        marker = _MAP_ONLY + _U32BE.pack(ordinal)
+        if self._read(lambda txn: txn.get(marker, db=self._moves)) is not None:
+            self._write(lambda txn: txn.delete(marker, db=self._moves))
 
     def drop_move_maps(self) -> None:
         self._write(lambda txn: txn.drop(self._moves, delete=False))

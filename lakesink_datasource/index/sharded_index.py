@@ -184,12 +184,23 @@ class ShardedIndex:
 
     # -- compactions' row moves (index/row_moves.py) -----------------------------------------
 
-    def record_moves(self, new: MoveMaps) -> None:
-        """Keep the move maps of a compaction, re-aiming earlier maps that lead into the files
-        it rewrote. Idempotent (a replayed catch-up records the same maps again)."""
+    def record_moves(self, new: MoveMaps, targets: Iterable[int]) -> None:
+        """Keep the move maps of a compaction that wrote the files `targets`: maps leading
+        into the files it rewrote are re-aimed at the rows' new places; the rewritten files'
+        own maps are kept only where a key may point at them directly (not for earlier
+        compactions' outputs, which only maps lead into), and a map left with no live row is
+        dropped. Idempotent (a replayed catch-up records the same maps again)."""
         with self.files.move_maps() as existing:
             changed = compose(existing, new)
-        self.files.put_move_maps({**changed, **new})
+        map_only = self.files.map_only_ordinals(new)
+        kept = {**changed, **{o: places for o, places in new.items() if o not in map_only}}
+        dead = {o for o, places in kept.items() if not (places >= 0).any()}
+        self.files.put_move_maps(
+            {o: places for o, places in kept.items() if o not in dead}, dropped=map_only | dead, map_only=targets
+        )
+
+    def mark_direct(self, ordinal: int) -> None:
+        self.files.mark_direct(ordinal)
 
     def moved_rows(self) -> int:
         """How many row positions the move maps hold (what they cost on disk: 8 bytes each)."""

@@ -120,6 +120,7 @@ def index_files(
         spec = metadata.specs()[data_file.spec_id]
         ref = FileRef(data_file.file_path, data_file.spec_id, encode_partition(spec, schema, data_file.partition))
         ordinal = index.file_ordinal(encode_ref(ref))
+        index.mark_direct(ordinal)
         index.overwrite_packed(keys, pack_positions(ordinal, np.asarray(positions, dtype=np.uint64), sequences))
         indexed += len(keys)
         fault_point("index_file_done")  # tests: a crash between two files of a catch-up
@@ -312,13 +313,18 @@ def record_compaction_moves(index: ShardedIndex, io: FileIO, metadata: TableMeta
         # Removed files the index never knew hold no key's row; their ids still join, so a
         # target row from one of them is not mistaken for a lineage gap.
         unknown = [(-1 - i, _file_row_ids(io, e.data_file)) for i, (e, o) in enumerate(zip(removed, known)) if o is None]
-        targets = [(index.file_ordinal(_file_ref(metadata, e.data_file)), _file_row_ids(io, e.data_file)) for e in added]
+        target_refs = [_file_ref(metadata, e.data_file) for e in added]
+        # Files given their ordinal here are reached through maps only. One that already had
+        # an ordinal (a replayed catch-up) may have been indexed directly since.
+        fresh = [o is None for o in index.known_ordinals(target_refs)]
+        targets = [(index.file_ordinal(ref), _file_row_ids(io, e.data_file)) for ref, e in zip(target_refs, added)]
     except FileNotFoundError:
         return False
     maps = maps_from_row_ids([*sources, *unknown], targets)
     if maps is None:
         return False
-    index.record_moves({o: places for o, places in maps.items() if o >= 0})
+    map_only = [o for (o, _), new in zip(targets, fresh) if new]
+    index.record_moves({o: places for o, places in maps.items() if o >= 0}, map_only)
     fault_point("index_moves_recorded")  # tests: a crash before the catch-up reaches its state
     return True
 

@@ -25,7 +25,7 @@ import pytest
 from keyed_model import IDENT as KEYED_IDENT
 from keyed_model import Change, Config, Harness, Model, label_batches
 from lakesink_testing import assert_readers_see, duckdb_connection, expected_rows, load
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent, ManifestEntryStatus
 from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 from pyspark.sql import types as T
@@ -34,7 +34,7 @@ from lakesink_datasource.check import check_table
 from lakesink_datasource.commit.committer import CommitOutcome, commit_write
 from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
 from lakesink_datasource.commit.swap import PreparedCommit, swap_in
-from lakesink_datasource.iceberg.live_files import live_data_files, live_entries, live_position_deletes
+from lakesink_datasource.iceberg.live_files import data_entries_changed_by, live_data_files, live_entries, live_position_deletes
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
 from lakesink_datasource.iceberg.manifests import content_offset, deleted_data_file
 from lakesink_datasource.iceberg.summary_keys import MOVED_DELETES
@@ -45,6 +45,7 @@ from lakesink_datasource.maintain import maintain_table
 from lakesink_datasource.maintenance.after_batch import maintain_after_commit
 from lakesink_datasource.maintenance.compaction import compact
 from lakesink_datasource.maintenance.orphans import remove_orphans
+from lakesink_datasource.maintenance.rewrite import COMPACTED_PREFIX
 from lakesink_datasource.messages import decode_messages
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.schema.arrow_align import table_arrow_schema
@@ -155,6 +156,32 @@ def test_keyed_writes_after_a_compaction_move_keys_without_rebuilding_the_index(
     # still reach their rows through the compaction's move maps.
     assert index.moved_rows() > 0
     assert check_table(table) == []
+
+
+def test_a_compaction_output_compacted_again_adds_no_map_of_its_own(warehouse: str) -> None:
+    """No key points at a compaction's output directly (only maps lead there), so when it
+    is rewritten in turn, the maps leading into it are re-aimed and it gets none itself:
+    the maps grow with the rows batches wrote, not with every rewrite of them."""
+    live = _upsert_history(warehouse)
+    compact(load(warehouse, IDENT), budget_bytes=UNLIMITED, tiered=False)
+    _write(warehouse, range(0, 30, 2), tag="late-", batch=10, **_keyed(warehouse))
+    live.update({r["id"]: r for r in _rows(range(0, 30, 2), "late-")})
+    table = load(warehouse, IDENT)
+    index = open_sharded(os.path.join(f"{warehouse}/idx", str(table.metadata.table_uuid)))
+    moved_once = index.moved_rows()
+    assert moved_once > 0
+
+    compact(table, budget_bytes=UNLIMITED, tiered=False)
+    removed = data_entries_changed_by(table.io, load(warehouse, IDENT).current_snapshot(), ManifestEntryStatus.DELETED)
+    outputs = [e for e in removed if os.path.basename(e.data_file.file_path).startswith(COMPACTED_PREFIX)]
+    assert outputs, "the second compaction rewrote the first one's outputs"
+    _write(warehouse, range(1, 30, 2), tag="later-", batch=11, **_keyed(warehouse))
+    live.update({r["id"]: r for r in _rows(range(1, 30, 2), "later-")})
+
+    written_by_batches = sum(e.data_file.record_count for e in removed if e not in outputs)
+    assert 0 < index.moved_rows() <= moved_once + written_by_batches
+    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
+    assert check_table(load(warehouse, IDENT)) == []
 
 
 def test_move_maps_are_folded_into_the_keys_once_they_outgrow_the_index(
