@@ -332,7 +332,7 @@ def record_compaction_moves(index: ShardedIndex, io: FileIO, metadata: TableMeta
 # Move maps are folded once they hold more row positions than this many times the keys
 # (8 bytes a position against ~50 bytes a key), or than FOLD_MIN_ROWS on a small index.
 FOLD_RATIO = 2
-FOLD_MIN_ROWS = 4_000_000
+FOLD_MIN_ROWS = 1_000_000
 
 
 def fold_moves(index: ShardedIndex, io: FileIO, metadata: TableMetadata, columns: KeyColumns) -> bool:
