@@ -479,9 +479,6 @@ class KeyIndex:
         if self._read(lambda txn: txn.get(marker, db=self._moves)) is not None:
             self._write(lambda txn: txn.delete(marker, db=self._moves))
 
-    def drop_move_maps(self) -> None:
-        self._write(lambda txn: txn.drop(self._moves, delete=False))
-
     # -- keys ------------------------------------------------------------------------------
 
     def lookup(self, keys: Sequence[bytes]) -> list[Location | None]:

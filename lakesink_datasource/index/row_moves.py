@@ -6,8 +6,8 @@ stream). Instead the index keeps, per removed file (by its ordinal), a *move map
 per row position of the old file holding the row's new place (`new ordinal << 32 | new
 position`), or NO_ROW for a row the compaction dropped. Keys keep pointing at the old
 file; a lookup translates them (`translate`) with a few numpy gathers. A key that is
-written again gets a direct location, and the maps are folded away (the targets
-re-indexed, the maps dropped) once they outgrow the index.
+written again gets a direct location, and the maps are folded away (their target files
+re-indexed a few at a time, the entries into them retired) once they outgrow the index.
 
 The map is derived from Iceberg v3 row lineage, not from how the rewrite ordered its
 rows: a rewrite keeps each row's `_row_id`, so joining the new files' row ids with the
@@ -112,7 +112,7 @@ def translate(found: Found, maps: MoveMaps) -> Found:
         ordinal[at] = np.where(gone, 0, places_at >> _POSITION_BITS)
         position[at] = np.where(gone, 0, places_at & _POSITION_MASK)
     sequence = found.sequence
-    if sequence is not None and not present.all():
+    if sequence is not None and not np.array_equal(present, found.present):
         sequence = [s if p else None for s, p in zip(sequence, present.tolist())]
     return Found(present, ordinal, position, sequence)
 

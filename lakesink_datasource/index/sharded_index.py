@@ -53,7 +53,7 @@ from lakesink_datasource.index.key_index import (
     remove_environment,
     reopen_empty,
 )
-from lakesink_datasource.index.row_moves import MoveMaps, compose, moved_rows, translate
+from lakesink_datasource.index.row_moves import NO_ROW, MoveMaps, compose, moved_rows, translate
 
 __all__ = ["SHARDS", "ShardedIndex", "drop_sharded", "lock_paths", "make_index_dir", "open_sharded", "reopen_empty_sharded"]
 
@@ -212,8 +212,20 @@ class ShardedIndex:
         with self.files.move_maps() as maps:
             return {o for places in maps.values() for o in np.unique(places[places >= 0] >> 32).tolist()}
 
-    def drop_moves(self) -> None:
-        self.files.drop_move_maps()
+    def retire_move_targets(self, ordinals: set[int]) -> None:
+        """No key reads through a map into these files any more (they were re-indexed, or are
+        gone): their entries become NO_ROW, and maps left with no live entry are dropped."""
+        if not ordinals:
+            return
+        wanted = np.fromiter(ordinals, dtype=np.int64, count=len(ordinals))
+        changed: dict[int, np.ndarray] = {}
+        with self.files.move_maps() as maps:
+            for ordinal, places in maps.items():
+                hit = (places >= 0) & np.isin(places >> 32, wanted)
+                if hit.any():
+                    changed[ordinal] = np.where(hit, NO_ROW, places)
+        dead = {o for o, places in changed.items() if not (places >= 0).any()}
+        self.files.put_move_maps({o: p for o, p in changed.items() if o not in dead}, dropped=dead)
 
     # -- undo ------------------------------------------------------------------------------
 

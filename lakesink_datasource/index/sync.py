@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
-from pyiceberg.manifest import DataFile, ManifestEntryStatus
+from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Snapshot
 
@@ -283,7 +283,9 @@ def sync(
             continue
         rebuild(index, io, metadata, columns, stored)
         return
-    if catching_up:
+    if fold_needed(index):
+        if not catching_up:
+            index.begin_catch_up(target_name)  # the fold writes without undo, as a catch-up does
         fold_moves(index, io, metadata, columns)
     index.set_state(_state(metadata, target))
 
@@ -333,23 +335,41 @@ def record_compaction_moves(index: ShardedIndex, io: FileIO, metadata: TableMeta
 # (8 bytes a position against ~50 bytes a key), or than FOLD_MIN_ROWS on a small index.
 FOLD_RATIO = 2
 FOLD_MIN_ROWS = 1_000_000
+# Rows re-indexed by one sync's fold at most (~1.5 s): a large table's maps are folded over
+# several batches rather than stalling one batch for a re-read of the whole table.
+FOLD_BATCH_ROWS = 2_000_000
 
 
-def fold_moves(index: ShardedIndex, io: FileIO, metadata: TableMetadata, columns: KeyColumns) -> bool:
-    """Point the keys of the files the move maps lead to at their places directly and drop
-    the maps, once they have outgrown the index. Every key a map serves has its row in one
-    of those (live) files, so re-indexing them leaves no key reading through a map."""
-    moved = index.moved_rows()
-    if moved <= max(FOLD_MIN_ROWS, FOLD_RATIO * index.count()):
-        return False
+def fold_needed(index: ShardedIndex) -> bool:
+    return index.moved_rows() > max(FOLD_MIN_ROWS, FOLD_RATIO * index.count())
+
+
+def fold_moves(index: ShardedIndex, io: FileIO, metadata: TableMetadata, columns: KeyColumns) -> int:
+    """Point the keys of (some of) the files the move maps lead to at their places directly,
+    then retire the map entries leading into those files; a map left with no live entry is
+    dropped. Every key that reads through a map has its row in one of those live files, so
+    once a file is re-indexed no key needs an entry into it. The largest files go first, at
+    most FOLD_BATCH_ROWS rows (and at least one file) per call. Returns the rows re-indexed."""
     targets = index.move_targets()
-    target_refs = {index.file_path(o) for o in targets if index.has_ordinal(o)}
-    live = [(e.data_file, e.sequence_number or 0) for e in live_data_files(io, metadata.current_snapshot())
-            if _file_ref(metadata, e.data_file) in target_refs]
-    index_files(index, io, metadata, live, columns)
-    index.drop_moves()
-    log.info("lakesink: key index %s folded %d moved rows into %d files' keys", index.path, moved, len(live))
-    return True
+    by_ref = {index.file_path(o): o for o in targets if index.has_ordinal(o)}
+    live = sorted(
+        (e for e in live_data_files(io, metadata.current_snapshot()) if _file_ref(metadata, e.data_file) in by_ref),
+        key=lambda e: -e.data_file.record_count,
+    )
+    chosen: list[ManifestEntry] = []
+    rows = 0
+    for entry in live:
+        if chosen and rows + entry.data_file.record_count > FOLD_BATCH_ROWS:
+            break
+        chosen.append(entry)
+        rows += entry.data_file.record_count
+    index_files(index, io, metadata, [(e.data_file, e.sequence_number or 0) for e in chosen], columns)
+    live_targets = {by_ref[_file_ref(metadata, e.data_file)] for e in live}
+    # Entries into files gone from the table (or from the file table) lead nowhere any key needs.
+    retired = {by_ref[_file_ref(metadata, e.data_file)] for e in chosen} | (targets - live_targets)
+    index.retire_move_targets(retired)
+    log.info("lakesink: key index %s folded the moves into %d of %d files (%d rows)", index.path, len(chosen), len(live), rows)
+    return rows
 
 
 def _catch_up_name(metadata: TableMetadata, target: Snapshot | None) -> str:

@@ -184,30 +184,34 @@ def test_a_compaction_output_compacted_again_adds_no_map_of_its_own(warehouse: s
     assert check_table(load(warehouse, IDENT)) == []
 
 
+@pytest.mark.parametrize("per_sync", [None, 1], ids=["all-at-once", "one-file-per-sync"])
 def test_move_maps_are_folded_into_the_keys_once_they_outgrow_the_index(
-    warehouse: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    warehouse: str, per_sync: int | None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Folding (re-pointing the moved keys at their places, dropping the maps) is what keeps
-    the maps bounded; with the threshold at zero every compaction is folded at once, and
-    later updates of moved and unmoved keys still hide the right rows."""
+    """Folding (re-pointing the moved keys at their places, retiring the map entries) is
+    what keeps the maps bounded; with the threshold at zero every sync folds, all at once
+    or one target file per sync, and every later update of moved and unmoved keys still
+    hides the right row until the maps are gone."""
     monkeypatch.setattr(sync_module, "FOLD_MIN_ROWS", 0)
     monkeypatch.setattr(sync_module, "FOLD_RATIO", 0)
+    if per_sync is not None:
+        monkeypatch.setattr(sync_module, "FOLD_BATCH_ROWS", per_sync)
     live = _upsert_history(warehouse)
-    compact(load(warehouse, IDENT), budget_bytes=UNLIMITED, tiered=False)
+    compact(load(warehouse, IDENT), budget_bytes=UNLIMITED, tiered=False)  # one file per bucket
     caplog.set_level("INFO", logger="lakesink")
-    caplog.clear()
-    _write(warehouse, range(0, 30, 3), tag="late-", batch=10, **_keyed(warehouse))
-    live.update({r["id"]: r for r in _rows(range(0, 30, 3), "late-")})
-
-    assert [r for r in caplog.records if "folded" in r.getMessage()]
-    assert not [r for r in caplog.records if "rebuilt key index" in r.getMessage()]
-    table = load(warehouse, IDENT)
-    index = open_sharded(os.path.join(f"{warehouse}/idx", str(table.metadata.table_uuid)))
-    assert index.moved_rows() == 0
-    _write(warehouse, range(1, 30, 3), tag="later-", batch=11, **_keyed(warehouse))
-    live.update({r["id"]: r for r in _rows(range(1, 30, 3), "later-")})
-    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
+    moved = []
+    for b, start in enumerate(range(3)):
+        caplog.clear()
+        _write(warehouse, range(start, 30, 3), tag=f"late{b}-", batch=10 + b, **_keyed(warehouse))
+        live.update({r["id"]: r for r in _rows(range(start, 30, 3), f"late{b}-")})
+        assert not [r for r in caplog.records if "rebuilt key index" in r.getMessage()]
+        assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
+        table = load(warehouse, IDENT)
+        moved.append(open_sharded(os.path.join(f"{warehouse}/idx", str(table.metadata.table_uuid))).moved_rows())
     assert check_table(table) == []
+    # All at once: gone after the first batch. One file per sync: two target files (one per
+    # bucket), so the maps last one batch longer.
+    assert moved == ([0, 0, 0] if per_sync is None else [moved[0], 0, 0]) and (per_sync is None or moved[0] > 0), moved
 
 
 def test_a_compaction_that_loses_the_race_commits_nothing_and_deletes_its_files(warehouse: str) -> None:
