@@ -9,7 +9,8 @@ lets a test arm a fault after Spark's processes have started. Format:
 points: "task_files_written" (a task wrote its files, before returning its message),
 "before_commit" (driver commit, before the catalog commit), "after_commit" (the Iceberg
 commit landed, Spark has not recorded the batch yet), "index_file_done" (a task's key index
-catch-up or rebuild indexed one more data file, before the next), "index_shard_<step>" (a step
+catch-up or rebuild indexed one more data file, before the next), "index_moves_recorded" (a
+catch-up stored a compaction's move maps, before the state moves), "index_shard_<step>" (a step
 that spans the key index's shards, `committed`, `rolled_back`, `state_set`, `catch_up_begun`
 or `cleared`, finished one shard, before the next). actions: "kill" SIGKILLs the job's
 process session leader group and its own (driver, JVM, Python workers: a machine crash), "raise" raises

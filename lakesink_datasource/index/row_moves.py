@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from lakesink_datasource.arrays import unique_sorted
 from lakesink_datasource.index.key_index import Found
 
 NO_ROW = -1  # the compaction dropped the row (it was deleted)
@@ -84,7 +85,7 @@ def compose(existing: MoveMaps, new: MoveMaps) -> dict[int, np.ndarray]:
         if not hit.any():
             continue
         updated = np.array(places, dtype=np.int64)  # a copy: `existing` may be a view
-        for target in np.unique(ordinals[hit]).tolist():
+        for target in unique_sorted(ordinals[hit]).tolist():
             at = np.flatnonzero(ordinals == target)
             updated[at] = new[target][updated[at] & _POSITION_MASK]
         changed[ordinal] = updated
@@ -101,7 +102,7 @@ def translate(found: Found, maps: MoveMaps) -> Found:
     if not hit.any():
         return found
     present, ordinal, position = found.present.copy(), found.ordinal.copy(), found.position.copy()
-    for old in np.unique(found.ordinal[hit]).tolist():
+    for old in unique_sorted(found.ordinal[hit]).tolist():
         at = np.flatnonzero(hit & (found.ordinal == old))
         places = maps[old]
         inside = found.position[at] < len(places)

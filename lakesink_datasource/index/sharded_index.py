@@ -38,7 +38,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from lakesink_datasource.arrays import take_items
+from lakesink_datasource.arrays import take_items, unique_sorted
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.index.host_lock import host_lock, host_locks
 from lakesink_datasource.index.key_encoding import key_hashes
@@ -210,7 +210,7 @@ class ShardedIndex:
     def move_targets(self) -> set[int]:
         """Ordinals of the files the move maps lead to."""
         with self.files.move_maps() as maps:
-            return {o for places in maps.values() for o in np.unique(places[places >= 0] >> 32).tolist()}
+            return {o for places in maps.values() for o in unique_sorted(places[places >= 0] >> 32).tolist()}
 
     def retire_move_targets(self, ordinals: set[int]) -> None:
         """No key reads through a map into these files any more (they were re-indexed, or are
