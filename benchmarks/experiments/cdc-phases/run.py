@@ -1,4 +1,4 @@
-"""Where a CDC batch of scenario 5 goes through Spark: python benchmarks/experiments/cdc-phases/run.py [batches].
+"""Where a CDC batch of scenario 5 goes through Spark: python benchmarks/experiments/cdc-phases/run.py [batches [out.json]].
 
 Same data as scenario 5 (1M rows, then batches of 100K changes: 70% updates, 20% inserts,
 10% deletes, sequence column; the input cached and repartitioned by key before the timing),
@@ -86,6 +86,9 @@ def main() -> None:
         print(f"batch {b:2d}: {seconds:5.2f} s  plan {plan:5.3f}  first task at {first_task:5.3f}  "
               f"tasks {task_walls} (input wait {wait:.3f})  commit {commit:5.3f}  "
               f"rest {seconds - plan - task_max - commit:5.3f}", flush=True)
+    if len(sys.argv) > 2:  # a JSON file for compare.py
+        Path(sys.argv[2]).write_text(json.dumps([dict(zip(["batch", "whole", "plan", "first_task", "slower_task", "input_wait", "commit"], r))
+                                                 for r in rows]))
     a = np.array(rows)
     print(f"\nmedian of {batches}: whole {np.median(a[:, 1]):.3f} s  plan {np.median(a[:, 2]):.3f}  first task at "
           f"{np.median(a[:, 3]):.3f}  slower task {np.median(a[:, 4]):.3f} (input wait {np.median(a[:, 5]):.3f})  "
