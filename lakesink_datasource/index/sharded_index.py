@@ -202,6 +202,10 @@ class ShardedIndex:
     def mark_direct(self, ordinal: int) -> None:
         self.files.mark_direct(ordinal)
 
+    def forget_moves(self, ordinals: Iterable[int]) -> None:
+        """Drop the maps and markers of these files (removed from the table)."""
+        self.files.put_move_maps({}, dropped=ordinals)
+
     def moved_rows(self) -> int:
         """How many row positions the move maps hold (what they cost on disk: 8 bytes each)."""
         with self.files.move_maps() as maps:

@@ -277,9 +277,13 @@ def sync(
             # Its row lineage says where each row went (row_moves.py): keys stay where they
             # are and lookups follow the moves. Without usable lineage, every key of the
             # added files is pointed at its new place, which moves exactly the keys that moved.
+            removed = _removed_file_refs(io, metadata, snapshot)
             if not record_compaction_moves(index, io, metadata, snapshot):
                 index_files(index, io, metadata, _added_files(io, snapshot), columns)
-            index.forget_files(_removed_file_refs(io, metadata, snapshot))
+                # Removed files carry no maps yet; only a compaction output's marker may be
+                # left. Maps leading into them are retired by the next fold (no longer live).
+                index.forget_moves([o for o in index.known_ordinals(removed) if o is not None])
+            index.forget_files(removed)
             continue
         rebuild(index, io, metadata, columns, stored)
         return
