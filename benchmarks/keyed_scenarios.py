@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from benchmarks.cdc_data import cdc_batches
 from benchmarks.harness import BenchContext, log
 
 UPSERT_BATCH_FULL = 100_000
@@ -262,25 +263,14 @@ def scenario_cdc(ctx: BenchContext) -> dict[str, Any]:
         df.unpersist()
         return seconds
 
-    def with_ops(table: pa.Table, ops: list[str], lsn: int) -> pa.Table:
-        return table.append_column("op", pa.array(ops)).append_column("lsn", pa.array(np.full(table.num_rows, lsn, dtype=np.int64)))
-
-    rng = np.random.default_rng(5)
-    live = np.arange(base_rows)
-    write(with_ops(_arrow_rows(live, 0), ["c"] * base_rows, 0))
-    next_id = base_rows
     latencies = []
-    for b in range(1, batches + 1):
-        n_upd, n_ins = int(batch_rows * 0.7), int(batch_rows * 0.2)
-        n_del = batch_rows - n_upd - n_ins
-        picked = rng.choice(len(live), n_upd + n_del, replace=False)
-        upd, dele = live[picked[:n_upd]], live[picked[n_upd:]]
-        ins = np.arange(next_id, next_id + n_ins)
-        next_id += n_ins
-        table = _arrow_rows(np.concatenate([upd, ins, dele]), b)
-        seconds = write(with_ops(table, ["u"] * n_upd + ["c"] * n_ins + ["d"] * n_del, b))
+    live_rows = base_rows
+    for b, table, live in cdc_batches(_arrow_rows, base_rows, batch_rows, batches):
+        live_rows = live
+        seconds = write(table)
+        if b == 0:
+            continue  # the base table, not timed
         latencies.append(seconds)
-        live = np.concatenate([np.delete(live, picked[n_upd:]), ins])
         log(f"  s5 cdc batch {b}: {seconds:6.2f} s  {batch_rows / seconds:,.0f} rows/s")
     total = sum(latencies)
     p50, p95, p99 = (float(np.percentile(latencies, q)) for q in (50, 95, 99))
@@ -291,7 +281,7 @@ def scenario_cdc(ctx: BenchContext) -> dict[str, Any]:
         "sides": {"lakesink": {"ok": True, "reps": batches, "median_s": round(p50, 3), "min_s": round(min(latencies), 3),
                                "max_s": round(max(latencies), 3), "rows_per_s": round(batch_rows * batches / total, 1)}},
         "metrics": {"sustained_rows_per_s": round(batch_rows * batches / total, 1), "latency_p50_s": round(p50, 3),
-                    "latency_p95_s": round(p95, 3), "latency_p99_s": round(p99, 3), "live_rows_at_end": len(live)},
+                    "latency_p95_s": round(p95, 3), "latency_p99_s": round(p99, 3), "live_rows_at_end": live_rows},
         "targets": [
             {"name": "CDC sustained rows/s", "value": round(batch_rows * batches / total, 1), "target": TARGET_CDC_ROWS_S, "op": ">=",
              "passed": batch_rows * batches / total >= TARGET_CDC_ROWS_S},

@@ -208,8 +208,13 @@ class ShardedIndex:
 
     def moved_rows(self) -> int:
         """How many row positions the move maps hold (what they cost on disk: 8 bytes each)."""
+        return self.move_stats()[1]
+
+    def move_stats(self) -> tuple[int, int]:
+        """(maps, row positions) the index holds: every keyed transaction reads each map's
+        header, and the positions cost 8 bytes each on disk."""
         with self.files.move_maps() as maps:
-            return moved_rows(maps)
+            return len(maps), moved_rows(maps)
 
     def move_targets(self) -> set[int]:
         """Ordinals of the files the move maps lead to."""

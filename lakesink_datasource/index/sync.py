@@ -339,13 +339,18 @@ def record_compaction_moves(index: ShardedIndex, io: FileIO, metadata: TableMeta
 # (8 bytes a position against ~50 bytes a key), or than FOLD_MIN_ROWS on a small index.
 FOLD_RATIO = 2
 FOLD_MIN_ROWS = 1_000_000
+# ... or once there are more maps than this: each keyed transaction opens every map (a few
+# microseconds each), and a table of many small files (a wide fanout) would gather
+# thousands per compaction.
+FOLD_MAX_MAPS = 1024
 # Rows re-indexed by one sync's fold at most (~1.5 s): a large table's maps are folded over
 # several batches rather than stalling one batch for a re-read of the whole table.
 FOLD_BATCH_ROWS = 2_000_000
 
 
 def fold_needed(index: ShardedIndex) -> bool:
-    return index.moved_rows() > max(FOLD_MIN_ROWS, FOLD_RATIO * index.count())
+    maps, positions = index.move_stats()
+    return maps > FOLD_MAX_MAPS or positions > max(FOLD_MIN_ROWS, FOLD_RATIO * index.count())
 
 
 def fold_moves(index: ShardedIndex, io: FileIO, metadata: TableMetadata, columns: KeyColumns) -> int:

@@ -184,16 +184,21 @@ def test_a_compaction_output_compacted_again_adds_no_map_of_its_own(warehouse: s
     assert check_table(load(warehouse, IDENT)) == []
 
 
-@pytest.mark.parametrize("per_sync", [None, 1], ids=["all-at-once", "one-file-per-sync"])
+@pytest.mark.parametrize(("trigger", "per_sync"), [("positions", None), ("positions", 1), ("maps", None)],
+                         ids=["all-at-once", "one-file-per-sync", "too-many-maps"])
 def test_move_maps_are_folded_into_the_keys_once_they_outgrow_the_index(
-    warehouse: str, per_sync: int | None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    warehouse: str, trigger: str, per_sync: int | None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Folding (re-pointing the moved keys at their places, retiring the map entries) is
-    what keeps the maps bounded; with the threshold at zero every sync folds, all at once
-    or one target file per sync, and every later update of moved and unmoved keys still
-    hides the right row until the maps are gone."""
-    monkeypatch.setattr(sync_module, "FOLD_MIN_ROWS", 0)
-    monkeypatch.setattr(sync_module, "FOLD_RATIO", 0)
+    what keeps the maps bounded; with a threshold at zero (the positions the maps hold, or
+    how many maps there are) every sync folds, all at once or one target file per sync, and
+    every later update of moved and unmoved keys still hides the right row until the maps
+    are gone."""
+    if trigger == "positions":
+        monkeypatch.setattr(sync_module, "FOLD_MIN_ROWS", 0)
+        monkeypatch.setattr(sync_module, "FOLD_RATIO", 0)
+    else:
+        monkeypatch.setattr(sync_module, "FOLD_MAX_MAPS", 0)
     if per_sync is not None:
         monkeypatch.setattr(sync_module, "FOLD_BATCH_ROWS", per_sync)
     live = _upsert_history(warehouse)

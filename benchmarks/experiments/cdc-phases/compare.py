@@ -54,7 +54,8 @@ def main() -> None:
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), before_rev], check=True)
     try:
         shutil.copytree(HERE, tree / "benchmarks" / "experiments" / "cdc-phases", dirs_exist_ok=True)
-        shutil.copy(ROOT / "benchmarks" / "profiled_sink.py", tree / "benchmarks" / "profiled_sink.py")
+        for helper in ("profiled_sink.py", "cdc_data.py"):  # the script's helpers, same on both sides
+            shutil.copy(ROOT / "benchmarks" / helper, tree / "benchmarks" / helper)
         results = {"before": side(tree, batches, tmp / "before.json"), "after": side(ROOT, batches, tmp / "after.json")}
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)

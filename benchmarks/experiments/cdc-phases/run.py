@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import harness  # noqa: E402
+from benchmarks.cdc_data import cdc_batches  # noqa: E402
 from benchmarks.keyed_scenarios import _arrow_rows  # noqa: E402
 
 
@@ -54,26 +55,13 @@ def main() -> None:
         df.unpersist()
         return started, seconds
 
-    def with_ops(table: pa.Table, ops: list[str], lsn: int) -> pa.Table:
-        return table.append_column("op", pa.array(ops)).append_column("lsn", pa.array(np.full(table.num_rows, lsn, dtype=np.int64)))
-
-    rng = np.random.default_rng(5)
-    base_rows, batch_rows = 1_000_000, 100_000
-    live = np.arange(base_rows)
-    write(with_ops(_arrow_rows(live, 0), ["c"] * base_rows, 0))
-    next_id = base_rows
+    batch_rows = 100_000
     rows = []
-    for b in range(1, batches + 1):
-        n_upd, n_ins = int(batch_rows * 0.7), int(batch_rows * 0.2)
-        n_del = batch_rows - n_upd - n_ins
-        picked = rng.choice(len(live), n_upd + n_del, replace=False)
-        upd, dele = live[picked[:n_upd]], live[picked[n_upd:]]
-        ins = np.arange(next_id, next_id + n_ins)
-        next_id += n_ins
+    for b, table, _ in cdc_batches(_arrow_rows, 1_000_000, batch_rows, batches):
         shutil.rmtree(prof_dir, ignore_errors=True)
-        started, seconds = write(with_ops(_arrow_rows(np.concatenate([upd, ins, dele]), b),
-                                          ["u"] * n_upd + ["c"] * n_ins + ["d"] * n_del, b))
-        live = np.concatenate([np.delete(live, picked[n_upd:]), ins])
+        started, seconds = write(table)
+        if b == 0:
+            continue  # the base table
         recs = [json.loads(p.read_text()) for p in prof_dir.glob("*.json")]
         plan = sum(r["wall_s"] for r in recs if r["kind"] == "plan")
         tasks = [r for r in recs if r["kind"] == "task"]
