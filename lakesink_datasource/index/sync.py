@@ -343,8 +343,9 @@ FOLD_MIN_ROWS = 1_000_000
 # microseconds each), and a table of many small files (a wide fanout) would gather
 # thousands per compaction.
 FOLD_MAX_MAPS = 1024
-# Rows re-indexed by one sync's fold at most (~1.5 s): a large table's maps are folded over
-# several batches rather than stalling one batch for a re-read of the whole table.
+# Rows re-indexed by one sync's fold at most (~2 s; a fold measured ~1 us a row): a large
+# table's maps are folded over several batches rather than stalling one batch for a re-read
+# of the whole table.
 FOLD_BATCH_ROWS = 2_000_000
 
 
