@@ -37,6 +37,11 @@ def pack_places(ordinal: int, positions: np.ndarray) -> np.ndarray:
     return (np.int64(ordinal) << _POSITION_BITS) | positions.astype(np.int64)
 
 
+def place_ordinals(places: np.ndarray) -> np.ndarray:
+    """The file ordinal of each place, NO_ROW where the row was dropped."""
+    return np.where(places >= 0, places >> _POSITION_BITS, NO_ROW)
+
+
 def maps_from_row_ids(
     sources: Sequence[tuple[int, np.ndarray]], targets: Sequence[tuple[int, np.ndarray]]
 ) -> dict[int, np.ndarray] | None:
@@ -80,7 +85,7 @@ def compose(existing: MoveMaps, new: MoveMaps) -> dict[int, np.ndarray]:
     moved_ordinals = np.fromiter(new, dtype=np.int64, count=len(new))
     changed: dict[int, np.ndarray] = {}
     for ordinal, places in existing.items():
-        ordinals = np.where(places >= 0, places >> _POSITION_BITS, -1)
+        ordinals = place_ordinals(places)
         hit = np.isin(ordinals, moved_ordinals)
         if not hit.any():
             continue

@@ -53,7 +53,7 @@ from lakesink_datasource.index.key_index import (
     remove_environment,
     reopen_empty,
 )
-from lakesink_datasource.index.row_moves import NO_ROW, MoveMaps, compose, moved_rows, translate
+from lakesink_datasource.index.row_moves import NO_ROW, MoveMaps, compose, moved_rows, place_ordinals, translate
 
 __all__ = ["SHARDS", "ShardedIndex", "drop_sharded", "lock_paths", "make_index_dir", "open_sharded", "reopen_empty_sharded"]
 
@@ -219,7 +219,7 @@ class ShardedIndex:
     def move_targets(self) -> set[int]:
         """Ordinals of the files the move maps lead to."""
         with self.files.move_maps() as maps:
-            return {o for places in maps.values() for o in unique_sorted(places[places >= 0] >> 32).tolist()}
+            return {o for places in maps.values() for o in unique_sorted(place_ordinals(places)).tolist() if o != NO_ROW}
 
     def retire_move_targets(self, ordinals: set[int]) -> None:
         """No key reads through a map into these files any more (they were re-indexed, or are
@@ -230,7 +230,7 @@ class ShardedIndex:
         changed: dict[int, np.ndarray] = {}
         with self.files.move_maps() as maps:
             for ordinal, places in maps.items():
-                hit = (places >= 0) & np.isin(places >> 32, wanted)
+                hit = np.isin(place_ordinals(places), wanted)
                 if hit.any():
                     changed[ordinal] = np.where(hit, NO_ROW, places)
         dead = {o for o, places in changed.items() if not (places >= 0).any()}

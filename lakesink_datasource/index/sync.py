@@ -106,7 +106,6 @@ def index_files(
     Without undo (`KeyIndex.overwrite_packed`): only for catch-up and rebuild, before the
     index's state moves."""
     dvs = live_position_deletes(io, metadata.current_snapshot())
-    schema = metadata.schema()
     indexed = 0
     for data_file, _seq in sorted(files, key=lambda fs: fs[1]):
         read = list(columns.key) + ([columns.sequence] if columns.sequence else [])
@@ -117,9 +116,7 @@ def index_files(
             continue
         keys = encode_keys([table.column(c) for c in columns.key], names=list(columns.key))
         sequences = encode_keys([table.column(columns.sequence)]) if columns.sequence else None
-        spec = metadata.specs()[data_file.spec_id]
-        ref = FileRef(data_file.file_path, data_file.spec_id, encode_partition(spec, schema, data_file.partition))
-        ordinal = index.file_ordinal(encode_ref(ref))
+        ordinal = index.file_ordinal(_file_ref(metadata, data_file))
         index.mark_direct(ordinal)
         index.overwrite_packed(keys, pack_positions(ordinal, np.asarray(positions, dtype=np.uint64), sequences))
         indexed += len(keys)
@@ -201,14 +198,10 @@ def _added_files(io: FileIO, snapshot: Snapshot) -> list[tuple[DataFile, int]]:
     return [(e.data_file, e.sequence_number or 0) for e in data_entries_changed_by(io, snapshot, ManifestEntryStatus.ADDED)]
 
 
-def _removed_file_refs(io: FileIO, metadata: TableMetadata, snapshot: Snapshot) -> list[str]:
-    """The index's names (encoded file refs) of the data files `snapshot` removed."""
-    schema = metadata.schema()
-    return [
-        encode_ref(FileRef(e.data_file.file_path, e.data_file.spec_id,
-                           encode_partition(metadata.specs()[e.data_file.spec_id], schema, e.data_file.partition)))
-        for e in data_entries_changed_by(io, snapshot, ManifestEntryStatus.DELETED)
-    ]
+def _file_ref(metadata: TableMetadata, data_file: DataFile) -> str:
+    """The index's name of a data file (its encoded file ref)."""
+    spec = metadata.specs()[data_file.spec_id]
+    return encode_ref(FileRef(data_file.file_path, data_file.spec_id, encode_partition(spec, metadata.schema(), data_file.partition)))
 
 
 def sync(
@@ -277,13 +270,14 @@ def sync(
             # Its row lineage says where each row went (row_moves.py): keys stay where they
             # are and lookups follow the moves. Without usable lineage, every key of the
             # added files is pointed at its new place, which moves exactly the keys that moved.
-            removed = _removed_file_refs(io, metadata, snapshot)
-            if not record_compaction_moves(index, io, metadata, snapshot):
+            removed = data_entries_changed_by(io, snapshot, ManifestEntryStatus.DELETED)
+            removed_refs = [_file_ref(metadata, e.data_file) for e in removed]
+            if not record_compaction_moves(index, io, metadata, snapshot, removed, removed_refs):
                 index_files(index, io, metadata, _added_files(io, snapshot), columns)
                 # Removed files carry no maps yet; only a compaction output's marker may be
                 # left. Maps leading into them are retired by the next fold (no longer live).
-                index.forget_moves([o for o in index.known_ordinals(removed) if o is not None])
-            index.forget_files(removed)
+                index.forget_moves([o for o in index.known_ordinals(removed_refs) if o is not None])
+            index.forget_files(removed_refs)
             continue
         rebuild(index, io, metadata, columns, stored)
         return
@@ -294,11 +288,6 @@ def sync(
     index.set_state(_state(metadata, target))
 
 
-def _file_ref(metadata: TableMetadata, data_file: DataFile) -> str:
-    spec = metadata.specs()[data_file.spec_id]
-    return encode_ref(FileRef(data_file.file_path, data_file.spec_id, encode_partition(spec, metadata.schema(), data_file.partition)))
-
-
 def _file_row_ids(io: FileIO, data_file: DataFile) -> np.ndarray:
     """The `_row_id` of every position of a data file (stored, else inherited)."""
     positions = np.arange(data_file.record_count, dtype=np.int64)
@@ -306,19 +295,22 @@ def _file_row_ids(io: FileIO, data_file: DataFile) -> np.ndarray:
     return row_ids(table, positions, data_file_first_row_id(data_file))
 
 
-def record_compaction_moves(index: ShardedIndex, io: FileIO, metadata: TableMetadata, snapshot: Snapshot) -> bool:
-    """Record where compaction `snapshot` moved the rows the index points at, from row
-    lineage; False (nothing recorded) when lineage cannot tell, or a file is unreadable."""
+def record_compaction_moves(
+    index: ShardedIndex, io: FileIO, metadata: TableMetadata, snapshot: Snapshot,
+    removed: Sequence[ManifestEntry], removed_refs: Sequence[str],
+) -> bool:
+    """Record where compaction `snapshot` (which removed `removed`, named `removed_refs` in
+    the index) moved the rows the index points at, from row lineage; False (nothing
+    recorded) when lineage cannot tell, or a file is unreadable."""
     if metadata.format_version < 3:
         return False
-    removed = data_entries_changed_by(io, snapshot, ManifestEntryStatus.DELETED)
     added = data_entries_changed_by(io, snapshot, ManifestEntryStatus.ADDED)
-    known = index.known_ordinals([_file_ref(metadata, e.data_file) for e in removed])
+    known = index.known_ordinals(removed_refs)
     try:
-        sources = [(o, _file_row_ids(io, e.data_file)) for e, o in zip(removed, known) if o is not None]
-        # Removed files the index never knew hold no key's row; their ids still join, so a
-        # target row from one of them is not mistaken for a lineage gap.
-        unknown = [(-1 - i, _file_row_ids(io, e.data_file)) for i, (e, o) in enumerate(zip(removed, known)) if o is None]
+        # Removed files the index never knew (a negative stand-in ordinal, dropped below)
+        # hold no key's row; their ids still join, so a new row from one of them is not
+        # mistaken for a lineage gap.
+        sources = [(-1 - i if o is None else o, _file_row_ids(io, e.data_file)) for i, (e, o) in enumerate(zip(removed, known))]
         target_refs = [_file_ref(metadata, e.data_file) for e in added]
         # Files given their ordinal here are reached through maps only. One that already had
         # an ordinal (a replayed catch-up) may have been indexed directly since.
@@ -326,7 +318,7 @@ def record_compaction_moves(index: ShardedIndex, io: FileIO, metadata: TableMeta
         targets = [(index.file_ordinal(ref), _file_row_ids(io, e.data_file)) for ref, e in zip(target_refs, added)]
     except FileNotFoundError:
         return False
-    maps = maps_from_row_ids([*sources, *unknown], targets)
+    maps = maps_from_row_ids(sources, targets)
     if maps is None:
         return False
     map_only = [o for (o, _), new in zip(targets, fresh) if new]
@@ -362,21 +354,20 @@ def fold_moves(index: ShardedIndex, io: FileIO, metadata: TableMetadata, columns
     most FOLD_BATCH_ROWS rows (and at least one file) per call. Returns the rows re-indexed."""
     targets = index.move_targets()
     by_ref = {index.file_path(o): o for o in targets if index.has_ordinal(o)}
-    live = sorted(
-        (e for e in live_data_files(io, metadata.current_snapshot()) if _file_ref(metadata, e.data_file) in by_ref),
-        key=lambda e: -e.data_file.record_count,
+    live = sorted(  # (entry, ordinal) of the live files the maps lead to, largest first
+        ((e, by_ref[ref]) for e in live_data_files(io, metadata.current_snapshot()) if (ref := _file_ref(metadata, e.data_file)) in by_ref),
+        key=lambda eo: -eo[0].data_file.record_count,
     )
-    chosen: list[ManifestEntry] = []
+    chosen: list[tuple[ManifestEntry, int]] = []
     rows = 0
-    for entry in live:
+    for entry, ordinal in live:
         if chosen and rows + entry.data_file.record_count > FOLD_BATCH_ROWS:
             break
-        chosen.append(entry)
+        chosen.append((entry, ordinal))
         rows += entry.data_file.record_count
-    index_files(index, io, metadata, [(e.data_file, e.sequence_number or 0) for e in chosen], columns)
-    live_targets = {by_ref[_file_ref(metadata, e.data_file)] for e in live}
+    index_files(index, io, metadata, [(e.data_file, e.sequence_number or 0) for e, _ in chosen], columns)
     # Entries into files gone from the table (or from the file table) lead nowhere any key needs.
-    retired = {by_ref[_file_ref(metadata, e.data_file)] for e in chosen} | (targets - live_targets)
+    retired = {o for _, o in chosen} | (targets - {o for _, o in live})
     index.retire_move_targets(retired)
     log.info("lakesink: key index %s folded the moves into %d of %d files (%d rows)", index.path, len(chosen), len(live), rows)
     return rows
