@@ -6,7 +6,8 @@ Builds a v3 CDC table (bucket(4, id), sequence column; 20K keys, 6 batches of up
 inserts and deletes with lakesink's compaction after each) through the production path
 (plan_write -> write_task -> the driver's commit and maintenance), then, twice: Iceberg
 Java 1.10.2's `rewrite_data_files` (rewrite-all) and a lakesink batch on the same index
-(updates and deletes of moved keys). Prints whether the index followed Java's rewrite by
+(updates and deletes of moved keys), then once more after a rewrite and an
+`expire_snapshots`. Prints whether the index followed Java's rewrite by
 move maps, the model's row count, and then runs the six readers of read_table.py.
 Needs the readers' set-up (../shared/tools/readers/setup_readers.sh).
 """
@@ -74,8 +75,10 @@ def main() -> None:
         new = np.arange(100_000 + lsn * 1000, 100_000 + lsn * 1000 + 500)
         apply(np.concatenate([picked, new]), ["u"] * 2_500 + ["d"] * 500 + ["c"] * 500, lsn)
         lsn += 1
-    for round_ in (1, 2):
-        subprocess.run([sys.executable, os.path.join(TOOLS, "java_maintenance.py"), WAREHOUSE, "db.cdc", "rewrite"], check=True)
+    # Java's rewrite twice, then rewrite + expire_snapshots (the index's snapshot expires: rebuilt).
+    for round_, actions in ((1, ["rewrite"]), (2, ["rewrite"]), (3, ["rewrite", "expire"])):
+        for action in actions:
+            subprocess.run([sys.executable, os.path.join(TOOLS, "java_maintenance.py"), WAREHOUSE, "db.cdc", action], check=True)
         table = embedded_catalog(WAREHOUSE).load_table("db.cdc")
         index = open_sharded(os.path.join(WAREHOUSE, "idx", str(table.metadata.table_uuid)))
         before = index.moved_rows()
