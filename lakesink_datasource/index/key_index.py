@@ -158,17 +158,36 @@ def pack_locations(ordinal: int, first_position: int, count: int, sequences: Seq
 
 def pack_positions(ordinal: int, positions: np.ndarray, sequences: Sequence[bytes | None] | None = None) -> list[bytes]:
     """`pack_location` for rows at `positions` of one file, vectorised."""
-    packed = np.empty(len(positions), dtype=[("ordinal", "<u4"), ("position", "<u8")])
+    width = _fixed_width(sequences) if sequences is not None and len(positions) else None
+    fields = [("ordinal", "<u4"), ("position", "<u8")]
+    if width is not None:
+        # Every row has a sequence of one width (an integer or timestamp column): the whole
+        # value is one numpy record, so no row costs a Python concatenation.
+        _check_sequence_length(width)
+        fields += [("marker", "u1"), ("sequence", f"V{width}")]
+    packed = np.empty(len(positions), dtype=fields)
     packed["ordinal"] = ordinal
     packed["position"] = positions
+    if width is not None:
+        packed["marker"] = _SEQUENCE_MARKER[0]
+        packed["sequence"] = np.frombuffer(b"".join(cast(Sequence[bytes], sequences)), dtype=f"V{width}")
     # A void dtype's tolist() gives one bytes object per record, all in C.
-    heads: list[bytes] = packed.view(f"V{_LOCATION.size}").tolist()
-    if sequences is None:
+    heads: list[bytes] = packed.view(f"V{packed.dtype.itemsize}").tolist()
+    if sequences is None or width is not None:
         return heads
     lengths = [len(s) for s in sequences if s is not None]
     if lengths:
         _check_sequence_length(max(lengths))
     return [h if s is None else h + _SEQUENCE_MARKER + s for h, s in zip(heads, sequences)]
+
+
+def _fixed_width(values: Sequence[bytes | None]) -> int | None:
+    """The one length of `values` when none is None (nor empty) and all are as long."""
+    if not values or None in values:
+        return None
+    widths = set(map(len, cast(Sequence[bytes], values)))
+    width = widths.pop()
+    return width if not widths and width > 0 else None
 
 
 def unpack_location(raw: bytes) -> Location:
@@ -208,8 +227,25 @@ def decode_locations(raw: Sequence[bytes | None]) -> Found:
     position[present] = fields["position"].astype(np.int64)
     sequence = None
     if blob.size != size * int(present.sum()):
-        sequence = [v[size + 1 :] if len(v) > size else None for v in values]  # skip the marker byte
+        sequence = _sequences(values, lengths, blob)
     return Found(present, ordinal, position, sequence)
+
+
+def _sequences(values: list[bytes], lengths: np.ndarray, blob: np.ndarray) -> list[bytes | None]:
+    """Each value's sequence (after the head and the marker byte), None where it has none."""
+    size = _LOCATION.size
+    has = lengths > size
+    widths = lengths[has] - size - 1
+    if len(widths) and int(widths.min()) == int(widths.max()) > 0:
+        # One width (an integer or timestamp sequence column): cut every sequence out of
+        # the joined buffer at once instead of slicing each value in Python.
+        width = int(widths[0])
+        starts = (np.cumsum(lengths) - lengths)[has] + size + 1
+        cut = np.ascontiguousarray(blob[(starts[:, None] + np.arange(width)).ravel()]).view(f"V{width}")
+        sequence = np.full(len(values), None, dtype=object)
+        sequence[has] = cut.tolist()
+        return cast(list[bytes | None], sequence.tolist())
+    return [v[size + 1 :] if len(v) > size else None for v in values]  # skip the marker byte
 
 
 def _last_per_key(keys: list[bytes], values: list[bytes | None]) -> tuple[list[bytes], list[bytes | None]]:

@@ -18,10 +18,12 @@ Decision per key (the model: live rows are a map key -> latest row):
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from itertools import repeat
 
 import lmdb
 import numpy as np
@@ -31,7 +33,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.table.metadata import TableMetadata
 from pyroaring import BitMap64
 
-from lakesink_datasource.arrays import unique_sorted
+from lakesink_datasource.arrays import take_items, unique_sorted
 from lakesink_datasource.catalog import loader
 from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.host_lock import host_locks
@@ -172,9 +174,7 @@ class KeyedWriter:
                 names = list(keyed.table_key_columns)
                 self._tombstones.append(picked.select([*names, keyed.sequence_source]).rename_columns([*names, SEQUENCE]))
                 changed.append(tombstones)
-                values += pack_positions(
-                    TOMBSTONE, np.zeros(len(tombstones), dtype=np.uint64), [part.sequences[i] for i in tombstones.tolist()]
-                )
+                values += pack_positions(TOMBSTONE, np.zeros(len(tombstones), dtype=np.uint64), take_items(part.sequences, tombstones))
             chosen = np.flatnonzero(write_mask)
             if len(chosen):
                 placed, packed = self._place(aligned.take(pa.array(part.rows[chosen])), chosen, part.sequences, ordinal_of)
@@ -194,9 +194,10 @@ class KeyedWriter:
         none = np.zeros(0, dtype=np.int64)
         older = np.zeros(n, dtype=bool)  # a late change, older than what the index holds
         if changes.sequences is not None and found.sequence is not None:
-            indexed = np.array([b"" if s is None else s for s in found.sequence], dtype=object)
-            has = np.array([s is not None for s in found.sequence], dtype=bool)
-            older = has & (indexed > np.array(changes.sequences, dtype=object)).astype(bool)
+            # Object arrays compare the encoded bytes element by element in C.
+            indexed = np.array(found.sequence, dtype=object)
+            has = np.fromiter(map(operator.is_not, found.sequence, repeat(None)), dtype=bool, count=n)
+            older = has & (np.where(has, indexed, b"") > np.array(changes.sequences, dtype=object)).astype(bool)
         live = found.present & (found.ordinal != TOMBSTONE) & ~older
         self.rows_ignored += int(older.sum())
         if self._plan.options.operation == "dedupe":
@@ -234,9 +235,7 @@ class KeyedWriter:
                 ordinal = self._ordinal(FileRef(placement.path, self._spec_id, partition), ordinal_of)
                 which = changes[indices[placement.offset : placement.offset + placement.rows]]
                 placed.append(which)
-                packed += pack_locations(
-                    ordinal, placement.position, placement.rows, [sequences[r] for r in which.tolist()] if sequences else None
-                )
+                packed += pack_locations(ordinal, placement.position, placement.rows, take_items(sequences, which) if sequences else None)
         return (np.concatenate(placed) if placed else np.zeros(0, dtype=np.int64)), packed
 
     def _ordinal(self, ref: FileRef, ordinal_of: Callable[[str], int]) -> int:

@@ -21,6 +21,7 @@ from lakesink_datasource.index.key_index import (
     open_index,
     pack_location,
     pack_positions,
+    unpack_location,
 )
 
 
@@ -68,6 +69,31 @@ def test_decode_locations_matches_one_by_one_unpacking() -> None:
     assert _columns(decode_locations(mixed)) == ([False, True, True, True], [0, 1, 4, 6], [0, 2, 5, 8], [None, b"", None, b"\x00\xff\x00"])
     assert _columns(decode_locations([None, None])) == ([False, False], [0, 0], [0, 0], None)
     assert _columns(decode_locations([])) == ([], [], [], None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    entries=st.lists(
+        st.one_of(st.none(), st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**63 - 1), st.one_of(st.none(), st.binary(max_size=10)))),
+        max_size=30,
+    ),
+    width=st.one_of(st.none(), st.integers(1, 10)),
+)
+def test_decode_locations_matches_unpacking_one_at_a_time(entries: list, width: int | None) -> None:
+    """Bulk decoding gives each stored value's `unpack_location` (absent keys as absent),
+    whether the sequences have one width (cut out in bulk) or not, and when some keys lack one."""
+    if width is not None:  # the sequences present are all of one width (an encoded number)
+        entries = [e if e is None or e[2] is None else (e[0], e[1], e[2].ljust(width, b"\x00")[:width]) for e in entries]
+    raw = [None if e is None else pack_location(Location(*e)) for e in entries]
+    present, ordinals, positions, sequences = _columns(decode_locations(raw))
+    expected = [None if r is None else unpack_location(r) for r in raw]
+    assert present == [loc is not None for loc in expected]
+    assert ordinals == [loc.file_ordinal if loc else 0 for loc in expected]
+    assert positions == [loc.position if loc else 0 for loc in expected]
+    if any(loc is not None and loc.sequence is not None for loc in expected):
+        assert sequences == [loc.sequence if loc else None for loc in expected]
+    else:
+        assert sequences is None
 
 
 def test_deletes_and_last_put_wins_within_one_apply(index: KeyIndex) -> None:
