@@ -106,10 +106,12 @@ def start_spark(config: BenchConfig, extra_conf: dict[str, str] | None = None): 
     spark.sparkContext.setLogLevel("ERROR")
     from benchmarks.bare_sink import BareParquetSink
     from benchmarks.bare_source import BareParquetSource
+    from benchmarks.noop_sink import NoopPythonSink
     from lakesink_datasource import LakeSinkDataSource
 
     spark.dataSource.register(LakeSinkDataSource)
     spark.dataSource.register(BareParquetSink)  # the floor any Python sink runs against
+    spark.dataSource.register(NoopPythonSink)  # Spark's own share of any Python sink's write
     spark.dataSource.register(BareParquetSource)  # and any Python reader
     return spark
 

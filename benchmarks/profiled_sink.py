@@ -74,6 +74,7 @@ def _run(kind: str, fn, extra) -> object:  # type: ignore[no-untyped-def]
     profiler = cProfile.Profile() if mode == "cprofile" else None
     started = time.time()
     t0 = time.perf_counter()
+    c0 = time.process_time()
     if profiler:
         profiler.enable()
     try:
@@ -82,10 +83,11 @@ def _run(kind: str, fn, extra) -> object:  # type: ignore[no-untyped-def]
         if profiler:
             profiler.disable()
     wall = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     out = _out_dir()
     if profiler:
         profiler.dump_stats(os.path.join(out, f"{tag}.prof"))
-    record = {"kind": kind, "mode": mode, "pid": os.getpid(), "wall_s": wall, "started": started, **extra()}
+    record = {"kind": kind, "mode": mode, "pid": os.getpid(), "wall_s": wall, "cpu_s": cpu, "started": started, **extra()}
     if isinstance(result, LakeSinkCommitMessage):
         stats = result.result().stats
         record.update(rows_in=stats.rows_in, partition_s=stats.partition_seconds, write_s=stats.write_seconds, bytes=stats.bytes_written)
