@@ -579,8 +579,8 @@ class KeyIndex:
         `keys` must be distinct (one change per key); in key order they walk neighbouring
         B-tree pages. `decide` gets the current locations as columns (`Found`, input order)
         and a function giving a file's ordinal inside this transaction, and returns which
-        keys change (indices into `keys`) and their new packed locations (`pack_positions`;
-        None deletes the key). One transaction means one lock round and one read per key
+        keys change (distinct indices into `keys`, in any order) and their new packed
+        locations (`pack_positions`; None deletes the key). One transaction means one lock round and one read per key
         (the undo record reuses the lookup). `decide` must not touch the index. The map is
         not grown here (decide may have side effects and must not run twice): the default
         map is 64 GiB of address space. `ordinal_of` replaces this environment's own file
@@ -595,10 +595,10 @@ class KeyIndex:
                 return self._assign_ordinals(txn, [path], [self._fit(b"p" + path.encode())])[0]
 
             changed, values = decide(decode_locations(prevs), ordinal_of or own_ordinal)
-            news = list(prevs)
-            for i, value in zip(changed.tolist(), values):
-                news[i] = value
-            self._write_changes(txn, token_raw, fitted, prevs, news)
+            # Only the changed keys are written, back in key order (neighbouring pages).
+            order = np.argsort(changed, kind="stable")
+            which = changed[order]
+            self._write_changes(txn, token_raw, take_items(fitted, which), take_items(prevs, which), take_items(values, order))
 
     def _write_changes(
         self, txn: _Txn, token: bytes, order: list[bytes], all_prevs: list[bytes | None], all_news: list[bytes | None]
