@@ -15,6 +15,7 @@ TXN_APP_ID = "lakesink.txn-app-id"  # idempotent batch writes (options txn_app_i
 TXN_VERSION = "lakesink.txn-version"
 TOMBSTONES = "lakesink.tombstones"  # Parquet files of a batch's sequenced deletes
 ENGINE_NAME = "engine-name"
+TOTAL_DATA_FILES = "total-data-files"  # Iceberg's own: live data files after the snapshot
 ENGINE_VERSION = "engine-version"
 LAKESINK_VERSION = "lakesink-version"
 ROWS_IN = "lakesink.rows-in"

@@ -18,10 +18,11 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
 from pyiceberg.table import Table
 
+from lakesink_datasource.commit.append_rows import append_rows
 from lakesink_datasource.iceberg.history import ancestors
 from lakesink_datasource.iceberg.live_files import live_data_files
 from lakesink_datasource.iceberg.properties import METADATA_DELETE_AFTER_COMMIT, METADATA_PREVIOUS_VERSIONS_MAX
-from lakesink_datasource.iceberg.summary_keys import TOMBSTONES
+from lakesink_datasource.iceberg.summary_keys import TOMBSTONES, TOTAL_DATA_FILES
 from lakesink_datasource.maintenance.compaction import compact
 from lakesink_datasource.maintenance.expire import expire_snapshots
 from lakesink_datasource.table.tombstone_table import STORED_THROUGH, companion_identifier, load_companion, stored_through
@@ -82,19 +83,23 @@ def store_tombstones(catalog: Catalog, identifier: str, table: Table | None = No
         return 0
     if companion is None:
         companion = _create_companion(catalog, identifier, rows.schema)
-    target = companion.schema().as_arrow()
     # The mark is a table property set by the same commit: it survives any engine's
     # compaction and expiry of the companion, which keep table properties.
-    with companion.transaction() as transaction:
-        transaction.append(rows.select(target.names).cast(target))
-        transaction.set_properties({STORED_THROUGH: str(newest)})
-    companion = companion.refresh()
+    companion = append_rows(companion, rows, properties={STORED_THROUGH: str(newest)})
     if len(companion.metadata.snapshots) > KEEP_SNAPSHOTS:
         expire_snapshots(companion, max_age_ms=0)
         companion = companion.refresh()
-    if len(live_data_files(companion.io, companion.metadata.current_snapshot())) >= COMPACT_AT_FILES:
+    if _live_files(companion) >= COMPACT_AT_FILES:
         compact(companion, budget_bytes=1 << 40, tiered=False)
     return rows.num_rows
+
+
+def _live_files(companion: Table) -> int:
+    """Live data files of the companion: its snapshot summary's total (no manifest read);
+    the manifests when another engine's snapshot left no total."""
+    snapshot = companion.metadata.current_snapshot()
+    total = snapshot.summary.additional_properties.get(TOTAL_DATA_FILES) if snapshot and snapshot.summary else None
+    return int(total) if total is not None else len(live_data_files(companion.io, snapshot))
 
 
 def store_tombstones_safely(catalog: Catalog, identifier: str, table: Table | None = None) -> None:
