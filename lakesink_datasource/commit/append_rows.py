@@ -47,19 +47,9 @@ def append_rows(table: Table, rows: pa.Table, *, properties: Mapping[str, str] |
         folder = partition_path(spec, schema, key)
         return f"{settings.data_path}/{folder + '/' if folder else ''}{prefix}-{n:05d}.parquet"
 
-    writer = PartitionedParquetWriter(
-        io=table.io,
-        iceberg_schema=schema,
-        arrow_schema=target,
-        spec_id=spec.spec_id,
-        table_properties=metadata.properties,
-        path_for=path_for,
-        target_file_size=settings.target_file_size_bytes,
-        row_group_bytes=settings.parquet_row_group_bytes,
-        compression=settings.parquet_compression,
-        compression_level=settings.parquet_compression_level,
-        page_bytes=settings.parquet_page_bytes,
-        dictionary_bytes=settings.parquet_dictionary_bytes,
+    writer = PartitionedParquetWriter.for_table(
+        settings, io=table.io, iceberg_schema=schema, arrow_schema=target, spec_id=spec.spec_id,
+        table_properties=metadata.properties, path_for=path_for,
     )
     try:
         for key, part in PartitionSplitter(spec, schema).split(aligned):

@@ -580,8 +580,8 @@ class KeyIndex:
         B-tree pages. `decide` gets the current locations as columns (`Found`, input order)
         and a function giving a file's ordinal inside this transaction, and returns which
         keys change (distinct indices into `keys`, in any order) and their new packed
-        locations (`pack_positions`; None deletes the key). One transaction means one lock round and one read per key
-        (the undo record reuses the lookup). `decide` must not touch the index. The map is
+        locations (`pack_positions`; None deletes the key). One transaction means one lock
+        round and one read per key (the undo record reuses the lookup). `decide` must not touch the index. The map is
         not grown here (decide may have side effects and must not run twice): the default
         map is 64 GiB of address space. `ordinal_of` replaces this environment's own file
         table (a sharded index keeps one file table for all its shards).

@@ -46,6 +46,7 @@ from pyiceberg.io import FileIO, OutputStream
 from pyiceberg.schema import Schema
 
 from lakesink_datasource.iceberg.partition_key import PartitionKey
+from lakesink_datasource.iceberg.properties import TableSettings
 from lakesink_datasource.io.metrics import add_counts, count_nans, data_file_message
 from lakesink_datasource.messages import DataFileMessage
 
@@ -163,6 +164,39 @@ class PartitionedParquetWriter:
     while the rows are still buffered. File rolling is therefore decided when rows arrive,
     from the estimated size of what is assigned to the current file.
     """
+
+    @classmethod
+    def for_table(
+        cls,
+        settings: TableSettings,
+        *,
+        io: FileIO,
+        iceberg_schema: Schema,
+        arrow_schema: pa.Schema,
+        spec_id: int,
+        table_properties: dict[str, str],
+        path_for: Callable[[PartitionKey, int], str],
+        target_file_size: int | None = None,
+        max_open_files: int | None = None,
+    ) -> PartitionedParquetWriter:
+        """A writer laid out by the table's Parquet properties (row group size, codec and
+        level, page and dictionary sizes), rolling files at `target_file_size` or else the
+        table's target."""
+        return cls(
+            io=io,
+            iceberg_schema=iceberg_schema,
+            arrow_schema=arrow_schema,
+            spec_id=spec_id,
+            table_properties=table_properties,
+            path_for=path_for,
+            target_file_size=target_file_size or settings.target_file_size_bytes,
+            row_group_bytes=settings.parquet_row_group_bytes,
+            compression=settings.parquet_compression,
+            compression_level=settings.parquet_compression_level,
+            page_bytes=settings.parquet_page_bytes,
+            dictionary_bytes=settings.parquet_dictionary_bytes,
+            max_open_files=max_open_files,
+        )
 
     def __init__(
         self,

@@ -123,7 +123,8 @@ def rewrite_files(
         folder = partition_path(spec, schema, key)
         return f"{settings.data_path}/{folder}/{prefix}-{n:05d}.parquet" if folder else f"{settings.data_path}/{prefix}-{n:05d}.parquet"
 
-    writer = PartitionedParquetWriter(
+    writer = PartitionedParquetWriter.for_table(
+        settings,
         io=io,
         iceberg_schema=write_schema,
         arrow_schema=target,
@@ -131,11 +132,6 @@ def rewrite_files(
         table_properties=metadata.properties,
         path_for=path_for,
         target_file_size=target_file_size,
-        row_group_bytes=settings.parquet_row_group_bytes,
-        compression=settings.parquet_compression,
-        compression_level=settings.parquet_compression_level,
-        page_bytes=settings.parquet_page_bytes,
-        dictionary_bytes=settings.parquet_dictionary_bytes,
     )
     splitter = PartitionSplitter(spec, schema)
     try:

@@ -163,19 +163,15 @@ def write_task(
     properties = {**metadata.properties, **plan.options.table_properties}
     settings = TableSettings.of(properties, metadata.location)
     data_dir = settings.data_path
-    writer = PartitionedParquetWriter(
+    writer = PartitionedParquetWriter.for_table(
+        settings,
         io=data_io,
         iceberg_schema=schema,
         arrow_schema=arrow_schema,
         spec_id=spec.spec_id,
         table_properties=properties,
         path_for=_file_namer(data_dir, spec, schema, who),
-        target_file_size=plan.options.target_file_size_bytes or settings.target_file_size_bytes,
-        row_group_bytes=settings.parquet_row_group_bytes,
-        compression=settings.parquet_compression,
-        compression_level=settings.parquet_compression_level,
-        page_bytes=settings.parquet_page_bytes,
-        dictionary_bytes=settings.parquet_dictionary_bytes,
+        target_file_size=plan.options.target_file_size_bytes,
         # Each open file holds memory of its own (stream buffer, writer state), so a task
         # keeps at most this many open (the least recently written closes).
         max_open_files=MAX_OPEN_FILES,
