@@ -27,6 +27,7 @@ def _run(args: argparse.Namespace) -> int:
     chosen = scenarios.select(config.scenarios)
     started = time.perf_counter()
     load_start = os.getloadavg()[0]
+    probe_start = harness.host_probe()
     shutil.rmtree(config.workdir, ignore_errors=True)
     config.workdir.mkdir(parents=True)
     phase_log = harness.PhaseLog(config.workdir / "lakesink-phases.log")
@@ -58,6 +59,8 @@ def _run(args: argparse.Namespace) -> int:
             "data_seconds": round(data_seconds, 2),
             "load_avg_start": load_start,
             "load_avg_end": os.getloadavg()[0],
+            "host_probe_start": probe_start,
+            "host_probe_end": harness.host_probe(),
             "total_seconds": round(time.perf_counter() - started, 1),
             "hwm_reset_ok": rss._reset_ok,
             "scenarios": results_list,

@@ -42,6 +42,27 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+# A fixed pure-Python loop, timed in fresh interpreters: what this host gives one process and
+# two at once, so that runs on different days (a shared host's speed moved 2x between two
+# full runs) and scaling figures (two tasks against one) can be read against the host.
+_PROBE = "import time; t = time.perf_counter(); x = 0\nfor i in range(5_000_000): x += i\nprint(time.perf_counter() - t)"
+
+
+def _probe_processes(count: int) -> list[float]:
+    import subprocess
+
+    procs = [subprocess.Popen([sys.executable, "-c", _PROBE], stdout=subprocess.PIPE, text=True) for _ in range(count)]
+    return [float(p.communicate()[0]) for p in procs]
+
+
+def host_probe() -> dict[str, float]:
+    """Seconds of the probe loop alone (best of 3) and with two running at once (mean of the
+    pair, best of 3 pairs), and the share of two cores the pair got (1.0: two full cores)."""
+    alone = min(_probe_processes(1)[0] for _ in range(3))
+    pair = min(statistics.fmean(_probe_processes(2)) for _ in range(3))
+    return {"alone_s": round(alone, 3), "pair_s": round(pair, 3), "two_core_share": round(alone / pair, 2)}
+
+
 # --------------------------------------------------------------------------- configuration
 
 

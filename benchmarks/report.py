@@ -122,6 +122,11 @@ def write_markdown(results: dict[str, Any], path: Path, plot_name: str) -> None:
     add(f"- **Date**: {env['date']}")
     add(f"- **Machine**: {env['cores']} cores ({env['cpu']}), {env['memory_gib']} GiB memory, {env['os']}; shared machine, "
         f"1-minute load average {results['load_avg_start']:.2f} at start, {results['load_avg_end']:.2f} at end")
+    probes = [(when, results.get(f"host_probe_{when}")) for when in ("start", "end")]
+    if all(p for _, p in probes):
+        add("- **Host speed** (a fixed pure-Python loop in fresh processes, to compare runs of other days): "
+            + "; ".join(f"at {when} {p['alone_s']:.2f} s alone, {p['pair_s']:.2f} s each with two at once "
+                        f"({p['two_core_share']:.2f} of two cores)" for when, p in probes))
     add(f"- **Versions**: Python {env['python']}, Spark {env['spark']} (Java {env['java']}), pyiceberg {env['pyiceberg']}, "
         f"pyarrow {env['pyarrow']}, lakesink {env['lakesink']}")
     add(f"- **Spark**: local[2], UI off, `spark.sql.shuffle.partitions`=2, driver memory {cfg['driver_memory']}, session time zone UTC; "
