@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import harness  # noqa: E402
-from benchmarks.keyed_scenarios import _arrow_rows, _delta_engine, _upsert_batch  # noqa: E402
+from benchmarks.keyed_scenarios import _arrow_rows, _delta_engine, _save, _upsert_batch  # noqa: E402
 
 
 def main() -> None:
@@ -49,16 +49,10 @@ def main() -> None:
     options = {"table": "bench.keyed", "warehouse": str(work / "warehouse"), "operation": "upsert", "primary_key": "id",
                "index_dir": str(work / "index")}
 
-    def save(df, fmt: str, opts: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
-        writer = df.write.format(fmt)
-        for k, v in opts.items():
-            writer = writer.option(k, v)
-        writer.mode("append").save()
-
     base = _arrow_rows(np.arange(size), 0)
     df = spark.createDataFrame(base).repartition(2).cache()
     df.count()
-    save(df, "lakesink", options)
+    _save(df, "lakesink", options)
     df.unpersist()
     delta = _delta_engine(work)
     if delta is not None:
@@ -77,9 +71,9 @@ def main() -> None:
             shutil.rmtree(prof, ignore_errors=True)
             started = time.perf_counter()
             if side == "noop":
-                save(df, "noop_python", {})
+                _save(df, "noop_python", {})
             elif side == "lakesink":
-                save(df, "lakesink_profiled", options)
+                _save(df, "lakesink_profiled", options)
             else:
                 assert delta is not None
                 delta.upsert(batch)
