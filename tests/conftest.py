@@ -8,12 +8,17 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import hypothesis_profiles  # noqa: F401  (registers the dev, ci and deep profiles)
 import pytest
+from hypothesis import settings
 
 # Spark's Python workers must run this interpreter (the venv with pyarrow, lmdb, ...),
 # and the fault-injection file must be known before the JVM and its workers start.
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+# `--hypothesis-profile=NAME` (read by hypothesis' plugin after this) overrides the default.
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 @pytest.fixture(scope="session")

@@ -43,7 +43,7 @@ from lakesink_datasource.iceberg.row_lineage import (
 from lakesink_datasource.io.partitioning import PartitionSplitter
 from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
 from lakesink_datasource.messages import DataFileMessage
-from lakesink_datasource.schema.arrow_align import align_array, table_arrow_schema
+from lakesink_datasource.schema.arrow_align import align_array, null_array, table_arrow_schema
 
 COMPACTED_PREFIX = "compacted-"  # names of files a lakesink compaction wrote
 _V = TypeVar("_V")
@@ -85,7 +85,7 @@ def live_rows_with_lineage(io: FileIO, item: RewriteInput, target: pa.Schema) ->
             else:
                 column = present.cast(pa.int64()) if fallback is None else pc.coalesce(present.cast(pa.int64()), fallback)
         elif present is None:
-            column = pa.nulls(len(positions), f.type)  # a column the file predates
+            column = null_array(len(positions), f.type)  # a column the file predates
         else:
             column = present if present.type.equals(f.type) else align_array(present, f.type)
         columns.append(column)

@@ -7,6 +7,7 @@ purpose: they are what Spark sends, so no per-batch offset widening is needed.
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.io.pyarrow import schema_to_pyarrow
@@ -49,6 +50,45 @@ def _has_struct(dt: pa.DataType) -> bool:
     return False
 
 
+def null_array(n: int, dtype: pa.DataType) -> pa.Array:
+    """`n` nulls of `dtype`. A null struct still stores its children: a required child gets
+    placeholder values under the null parent (Parquet writers refuse a required column
+    holding nulls, and readers never see values under a null struct), so an optional
+    struct with required fields can be left out of a write."""
+    if not pa.types.is_struct(dtype):
+        return pa.nulls(n, dtype)
+    fields = [dtype.field(i) for i in range(dtype.num_fields)]
+    children = [null_array(n, f.type) if f.nullable else _placeholder(n, f.type) for f in fields]
+    return pa.StructArray.from_arrays(children, fields=fields, mask=pa.array(np.ones(n, dtype=bool)))
+
+
+def _placeholder(n: int, dtype: pa.DataType) -> pa.Array:
+    """`n` non-null values of `dtype` (zeros, empty strings and lists), to sit under nulls."""
+    if pa.types.is_struct(dtype):
+        fields = [dtype.field(i) for i in range(dtype.num_fields)]
+        return pa.StructArray.from_arrays([null_array(n, f.type) if f.nullable else _placeholder(n, f.type) for f in fields], fields=fields)
+    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype) or pa.types.is_map(dtype):
+        return pa.array([[]] * n, dtype)
+    if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
+        return pa.array([""] * n, dtype)
+    if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype):
+        return pa.array([b""] * n, dtype)
+    if pa.types.is_fixed_size_binary(dtype):
+        return pa.array([bytes(dtype.byte_width)] * n, dtype)
+    if pa.types.is_boolean(dtype):
+        return pa.array(np.zeros(n, dtype=bool))
+    if pa.types.is_decimal(dtype):
+        return pa.array([0] * n, pa.int64()).cast(dtype)
+    return pa.array(np.zeros(n, dtype=np.int64)).cast(dtype)  # numbers, dates, times, timestamps
+
+
+def _fill_under_nulls(child: pa.Array, field: pa.Field, parent_nulls: pa.Array | None) -> pa.Array:
+    """A required child's nulls under null parents replaced by placeholders."""
+    if field.nullable or not child.null_count or parent_nulls is None:
+        return child
+    return pc.if_else(pc.and_(child.is_null(), parent_nulls), _placeholder(len(child), field.type), child)
+
+
 def align_array(column: pa.Array, target: pa.DataType) -> pa.Array:
     """`column` as `target`: structs field by field by name (case-insensitive, fields the
     DataFrame lacks as nulls, since the table's struct may have gained fields), everything
@@ -62,11 +102,13 @@ def align_array(column: pa.Array, target: pa.DataType) -> pa.Array:
     if pa.types.is_struct(target) and pa.types.is_struct(column.type):
         by_name = {column.type.field(i).name.lower(): i for i in range(column.type.num_fields)}
         fields = [target.field(i) for i in range(target.num_fields)]
+        parent_nulls = column.is_null() if column.null_count else None
         children = [
-            pa.nulls(len(column), f.type) if f.name.lower() not in by_name else align_array(column.field(by_name[f.name.lower()]), f.type)
+            null_array(len(column), f.type) if f.name.lower() not in by_name
+            else _fill_under_nulls(align_array(column.field(by_name[f.name.lower()]), f.type), f, parent_nulls)
             for f in fields
         ]
-        return pa.StructArray.from_arrays(children, fields=fields, mask=column.is_null() if column.null_count else None)
+        return pa.StructArray.from_arrays(children, fields=fields, mask=parent_nulls)
     if pa.types.is_list(target) and (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
         values = align_array(column.values, target.value_type)
         offsets = column.offsets.cast(pa.int32())
@@ -92,7 +134,7 @@ class BatchAligner:
         columns = []
         for field, source in zip(self._target, self._sources):
             if source is None:
-                columns.append(pa.nulls(n, field.type))
+                columns.append(null_array(n, field.type))
                 continue
             column = batch.column(source)
             if not field.nullable and column.null_count and field.name.lower() not in self._keys:
@@ -116,5 +158,5 @@ def align_by_field_id(table: pa.Table, target: pa.Schema) -> pa.Table:
     columns = []
     for f in target:
         index = by_id.get(int(f.metadata[FIELD_ID_KEY])) if f.metadata and FIELD_ID_KEY in f.metadata else None
-        columns.append(pa.nulls(table.num_rows, f.type) if index is None else align_array(table.column(index), f.type))
+        columns.append(null_array(table.num_rows, f.type) if index is None else align_array(table.column(index), f.type))
     return pa.Table.from_arrays(columns, schema=target)

@@ -191,6 +191,16 @@ def _check_keyed_options(options: WriteOptions, spark_schema: StructType, overwr
             raise SchemaError(f"primary key column '{column}' is missing from the DataFrame")
 
 
+def _check_new_keyed_table(options: WriteOptions) -> None:
+    """A keyed write that would create its table must say the key: a table created without
+    identifier fields would be left behind, empty, by the error that follows."""
+    if options.operation in KEYED_OPERATIONS and not options.primary_key:
+        raise OptionError(
+            f"operation {options.operation!r} needs option 'primary_key' (table {options.table} does not exist yet; "
+            "lakesink creates it with the primary key as its identifier fields)"
+        )
+
+
 def _plan_keys(options: WriteOptions, spark_schema: StructType, table: Table) -> KeyedPlan | None:
     if options.operation not in KEYED_OPERATIONS:
         return None
@@ -269,6 +279,7 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
     if table is not None:
         _check_branch(options, table)
     else:
+        _check_new_keyed_table(options)
         table = resolve_table(options, spark_schema)
     assert table is not None
     if table.metadata.format_version < 2:

@@ -49,6 +49,16 @@ def test_missing_table_option_is_named(spark, warehouse: str) -> None:
     assert not os.path.exists(os.path.join(warehouse, "db"))
 
 
+@pytest.mark.parametrize("operation", ["upsert", "dedupe"])
+def test_a_keyed_write_without_primary_key_does_not_create_the_table(spark, warehouse: str, operation: str) -> None:
+    """It used to create db.new with no snapshot and no identifier fields, then fail."""
+    with pytest.raises(Exception, match=r"operation '(upsert|dedupe)' needs option 'primary_key' \(table db\.new does not exist yet"):
+        spark.createDataFrame([(1, "a")], "id long, v string").write.format("lakesink").option("warehouse", warehouse) \
+            .option("operation", operation).mode("append").save("db.new")
+    assert not table_exists(warehouse, "db.new")
+    assert data_files_on_disk(warehouse) == []
+
+
 def test_bad_partition_spec_does_not_create_the_table(spark, warehouse: str) -> None:
     with pytest.raises(Exception, match="partition_by"):
         spark.createDataFrame([(1,)], "id long").write.format("lakesink").option("warehouse", warehouse).option("partition_by", "hours(id)").mode("append").save("db.new")

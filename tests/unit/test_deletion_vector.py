@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 from pyroaring import BitMap, BitMap64
 
 from lakesink_datasource.iceberg.deletion_vector import (
@@ -286,7 +287,7 @@ positions_strategy = st.lists(
 ranges_strategy = st.lists(st.tuples(st.integers(0, 3 * B), st.integers(1, 20_000)), max_size=3)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(points=positions_strategy, ranges=ranges_strategy)
 def test_roundtrip_property(points: list[int], ranges: list[tuple[int, int]]) -> None:
     positions = BitMap64(points)

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 
 from lakesink_datasource.index.key_encoding import NullKeyError, encode_keys, key_hashes
 
@@ -106,13 +107,13 @@ COMBINATIONS = [
 
 
 @pytest.mark.parametrize("names", COMBINATIONS, ids=["+".join(c) for c in COMBINATIONS])
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(data=st.data())
 def test_order_and_injectivity_for_listed_combinations(names: list[str], data: st.DataObject) -> None:
     assert_order_preserved(names, data.draw(rows_of(names)))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(data=st.data())
 def test_order_and_injectivity_for_random_column_mixes(data: st.DataObject) -> None:
     names = data.draw(st.lists(st.sampled_from(sorted(COLUMNS)), min_size=1, max_size=4))
@@ -213,7 +214,7 @@ def test_shape_errors() -> None:
         encode_keys([pa.array([1])], names=["a", "b"])
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(keys=st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=30))
 def test_a_key_hashes_the_same_whatever_else_is_in_the_call(keys: list[bytes]) -> None:
     """Tasks hash their chunks, the commit hashes other writers' files: the same key must

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 from index_model import KEYS, TOKENS, check_against_model, operation, run_workers
 
 from lakesink_datasource.index.key_index import (
@@ -71,7 +72,7 @@ def test_decode_locations_matches_one_by_one_unpacking() -> None:
     assert _columns(decode_locations([])) == ([], [], [], None)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     entries=st.lists(
         st.one_of(st.none(), st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**63 - 1), st.one_of(st.none(), st.binary(max_size=10)))),
@@ -219,7 +220,7 @@ def test_empty_apply_still_registers_the_token(index: KeyIndex) -> None:
 
 # ------------------------------------------------------------- model-based undo check
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(ops=st.lists(operation, max_size=25))
 def test_random_applies_commits_and_rollbacks_match_dict_model(tmp_path_factory: pytest.TempPathFactory, ops: list) -> None:
     ix = open_index(str(tmp_path_factory.mktemp("model")))
@@ -229,7 +230,7 @@ def test_random_applies_commits_and_rollbacks_match_dict_model(tmp_path_factory:
         drop_index(ix.path)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     base=st.dictionaries(st.sampled_from(KEYS), st.integers(0, 100), max_size=8),
     batches=st.lists(
@@ -360,7 +361,7 @@ def test_a_sequence_too_long_for_the_undo_log_is_refused_by_every_packer(index: 
     assert pack_positions(1, np.array([5], dtype=np.uint64), [None]) == [pack_location(Location(1, 5))]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     ordinal=st.integers(0, 2**32 - 1),
     rows=st.lists(st.tuples(st.integers(0, 2**64 - 1), st.one_of(st.none(), st.binary(max_size=12))), min_size=1, max_size=20),

@@ -17,6 +17,7 @@ import shutil
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 from concurrent.futures import ProcessPoolExecutor
 
 import lmdb
@@ -26,7 +27,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, event, given, note, settings
+from hypothesis.control import currently_in_test_context
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 from keyed_model import Change, Config, Harness, Model, in_order_sequences, label_batches, micro_batches, remote_write
 from pyiceberg.manifest import ManifestContent
 from pyiceberg.schema import Schema
@@ -52,7 +55,7 @@ from lakesink_datasource.messages import DataFileMessage
 from lakesink_datasource.schema.arrow_align import table_arrow_schema
 
 SETTINGS = settings(
-    max_examples=int(os.environ.get("LAKESINK_KEYED_EXAMPLES", "8")),
+    max_examples=examples(8),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -188,23 +191,28 @@ def _without_row_id_metrics(message: DataFileMessage) -> DataFileMessage:
     return msgspec.structs.replace(message, **{f: {k: v for k, v in getattr(message, f).items() if k != ROW_ID_FIELD_ID} for f in fields})
 
 
-def compact(harness: Harness, choose: Callable[[int], bool], *, lineage: bool = False) -> int:
+class Rewrite(NamedTuple):
+    files: int  # data files the compaction removed
+    rows: int  # live rows it wrote into new files (0: every chosen row was hidden)
+
+
+def compact(harness: Harness, choose: Callable[[int], bool], *, lineage: bool = False) -> Rewrite:
     """A `replace` snapshot by another writer: the chosen live data files (grouped per
     partition) are rewritten into one new file per partition holding only their live rows
     (DV applied, order reversed so no position stays valid), and the old files and their
     DVs become DELETED entries. `lineage`: the rows keep their `_row_id` (as a v3 writer
     must; the index then follows the moves through row ids), else they get new ones (as
     a writer unaware of lineage does; the index re-reads the new files). Returns how many
-    data files were rewritten."""
+    data files were rewritten and how many live rows moved."""
     table = harness.table()
     metadata, io = table.metadata, table.io
     parent = metadata.current_snapshot()
     if parent is None:
-        return 0
+        return Rewrite(0, 0)
     entries = live_data_files(io, parent)
     chosen = [e for i, e in enumerate(entries) if choose(i)]
     if not chosen:
-        return 0
+        return Rewrite(0, 0)
     dvs = live_position_deletes(io, parent)
     schema = metadata.schema()
     arrow_schema = table_arrow_schema(schema)
@@ -312,7 +320,7 @@ def compact(harness: Harness, choose: Callable[[int], bool], *, lineage: bool = 
                 SetSnapshotRefUpdate(ref_name="main", type="branch", snapshot_id=snapshot.snapshot_id),
             ),
         )
-    return len(chosen)
+    return Rewrite(len(chosen), sum(f.record_count for f in added))
 
 
 @pytest.mark.parametrize(("operation", "sequence", "lineage"), [("cdc", True, False), ("upsert", False, False), ("cdc", True, True)],
@@ -324,27 +332,59 @@ def test_compaction_by_another_writer_between_batches(operation: str, sequence: 
     (a `replace` snapshot): the next task's index sync moves the keys of the rewritten files
     (through row lineage when the writer kept it, else by re-reading the new files), and
     later updates and deletes of those keys must hide the rows at their new positions."""
-    config = Config(operation, data.draw(PARTITIONS, label="partition_by"), sequence)
-    labelled = label_batches(config, data.draw(micro_batches(operation, sequence, 3, 5), label="batches"))
-    # Before each batch but the first: which live files (by their manifest order) to rewrite.
-    picks = data.draw(st.lists(st.lists(st.booleans(), min_size=1, max_size=6), min_size=len(labelled), max_size=len(labelled)), label="picks")
+    _compactions_between_batches(Config(operation, data.draw(PARTITIONS, label="partition_by"), sequence), data, lineage)
+
+
+def _compactions_between_batches(config: Config, data: st.DataObject | None, lineage: bool, batches: list | None = None,
+                                 picks: list[list[bool]] | None = None) -> None:
+    """The scenario of the test above, drawn from `data` or given (`batches`, `picks`: before
+    each batch but the first, which live files, by their manifest order, to rewrite)."""
+    if batches is None:
+        assert data is not None
+        batches = data.draw(micro_batches(config.operation, config.sequence, 3, 5), label="batches")
+    labelled = label_batches(config, batches)
+    if picks is None:
+        assert data is not None
+        picks = data.draw(st.lists(st.lists(st.booleans(), min_size=1, max_size=6), min_size=len(labelled), max_size=len(labelled)), label="picks")
     with Harness(config) as harness:
         model = Model(config)
         for batch_id, batch in enumerate(labelled):
+            rewrite = Rewrite(0, 0)
             if batch_id:
                 pick = picks[batch_id]
-                n = compact(harness, lambda i, pick=pick: pick[i % len(pick)], lineage=lineage)
-                event("a compaction rewrote data files" if n else "nothing to compact")
-                note(f"before batch {batch_id}: rewrote {n} data file(s)")
+                rewrite = compact(harness, lambda i, pick=pick: pick[i % len(pick)], lineage=lineage)
+                if currently_in_test_context():
+                    event("a compaction rewrote data files" if rewrite.files else "nothing to compact")
+                    note(f"before batch {batch_id}: rewrote {rewrite.files} data file(s), {rewrite.rows} live row(s)")
                 harness.assert_matches(model.expected(), f"after the compaction before batch {batch_id}")
+            planned = harness.table().metadata.current_snapshot() if batch_id else None
             outcome = harness.run_batch(batch, batch_id)
-            if batch_id and lineage and n:
-                # The index followed the rewrite through row ids: no key was re-read.
-                table = harness.table()
-                assert open_sharded(os.path.join(harness.index_dir, str(table.metadata.table_uuid))).moved_rows() > 0
+            table = harness.table()
+            index = open_sharded(os.path.join(harness.index_dir, str(table.metadata.table_uuid)))
+            # Every task syncs the index to the planned snapshot first, even one that
+            # receives no rows.
+            state = index.get_state()
+            assert state is not None and state.snapshot_id == (planned and planned.snapshot_id)
+            if lineage and rewrite.files:
+                # The index followed the rewrite through row ids: a map per rewritten file
+                # that still held a live row. A rewrite of rows that were all hidden moves
+                # no row, and its maps (no live entry) are dropped.
+                assert (index.moved_rows() > 0) == (rewrite.rows > 0), f"{rewrite}, moved rows {index.moved_rows()}"
             model.apply_batch(batch)
-            note(f"batch {batch_id}: {outcome.skipped_reason or 'committed'}")
-            harness.assert_matches(model.expected(), f"after batch {batch_id}")
+            harness.assert_matches(model.expected(), f"after batch {batch_id}: {outcome.skipped_reason or 'committed'}")
+
+
+def test_a_compaction_of_hidden_rows_only_leaves_no_move_map() -> None:
+    """The regression of a falsifying example (issue 32): cdc with sequences, then a batch
+    whose three tasks receive no rows after another writer compacted a file whose only
+    row a delete had hidden. The tasks still sync the index; no live row moved, so no map
+    is kept (the earlier assertion `moved_rows() > 0` was wrong for this draw)."""
+    batches = [
+        [[[Change(1, "c", seq=1)]]],
+        [[[Change(1, "d", seq=5)]]],  # hides the only row of the first file
+        [[[]], [[]], [[]]],
+    ]
+    _compactions_between_batches(Config("cdc", None, True), None, lineage=True, batches=batches, picks=[[True]] * 3)
 
 
 def test_compaction_then_updates_and_deletes_of_rewritten_keys(caplog: pytest.LogCaptureFixture) -> None:
@@ -363,7 +403,7 @@ def test_compaction_then_updates_and_deletes_of_rewritten_keys(caplog: pytest.Lo
             if batch_id:
                 caplog.clear()
                 with caplog.at_level("INFO", logger="lakesink"):
-                    assert compact(harness, lambda i: True) > 0
+                    assert compact(harness, lambda i: True).files > 0
                     harness.assert_matches(model.expected(), f"after the compaction before batch {batch_id}")
                     harness.run_batch(batch, batch_id)
                 assert not any("rebuilt key index" in r.getMessage() for r in caplog.records), "the index was rebuilt"
@@ -397,7 +437,7 @@ def test_a_catch_up_interrupted_between_two_files(
         harness.run_batch(labelled[0], 0)
         model.apply_batch(labelled[0])
         before_compaction = harness.plan()
-        assert compact(harness, lambda i: True, lineage=lineage) == 4  # one file per bucket, every position changed
+        assert compact(harness, lambda i: True, lineage=lineage).files == 4  # one file per bucket, every position changed
         faults.write_text(json.dumps([{"point": point, "action": "raise", "once": True}]))
         with pytest.raises(InjectedFault):
             harness.run_batch(labelled[1], 1)

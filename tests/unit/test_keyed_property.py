@@ -14,11 +14,10 @@ v, ts and seq, as multisets) and `check_table` must report nothing. The model li
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 from keyed_model import Config, Harness, Model, label_batches, micro_batches
 from lakesink_testing import duckdb_connection
 
@@ -28,7 +27,7 @@ from lakesink_datasource.maintenance.compaction import compact
 PARTITIONS = st.sampled_from([None, "bucket(4, id)", "days(ts)"])
 SETTINGS = settings(
     # Modest by default (the file runs in under a minute); raise it locally to hunt for bugs.
-    max_examples=int(os.environ.get("LAKESINK_KEYED_EXAMPLES", "12")),
+    max_examples=examples(12),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

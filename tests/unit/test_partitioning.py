@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 from pyiceberg.conversions import to_bytes
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.partitioning import PartitionField, PartitionSpec
@@ -178,14 +179,14 @@ FIELD_IDS = {"i": 2, "l": 3, "s": 4, "d": 5, "ts": 6, "tstz": 7, "dec": 8, "flag
 
 
 @pytest.mark.parametrize(("column", "transform"), CASES, ids=[f"{t}({c})" for c, t in CASES])
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_single_field_matches_scalar_reference(column: str, transform: Transform[Any, Any], data: st.DataObject) -> None:
     spec = PartitionSpec(PartitionField(FIELD_IDS[column], 1000, transform, "p"), spec_id=1)
     _check_split(spec, data.draw(rows_for((column,))))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(rows=rows_for(("i", "s", "tstz", "d", "x", "l")))
 def test_multi_field_spec_matches_scalar_reference(rows: list[dict[str, Any]]) -> None:
     spec = PartitionSpec(

@@ -9,6 +9,7 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 from pyroaring import BitMap64
 
 from lakesink_datasource.iceberg.deletion_vector import MAX_POSITION, InvalidDeletionVector, encode_dv
@@ -379,7 +380,7 @@ positions_strategy = st.lists(
 ).map(BitMap64)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(dvs=st.dictionaries(path_strategy, positions_strategy, max_size=6))
 def test_puffin_roundtrip_property(dvs: dict[str, BitMap64]) -> None:
     writer = PuffinWriter()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 
 from lakesink_datasource.index.key_index import Found
 from lakesink_datasource.index.row_moves import NO_ROW, compose, maps_from_row_ids, translate
@@ -53,7 +54,7 @@ def _where(files: Files, live: set[int]) -> dict[int, tuple[int, int]]:
     return {r: (o, p) for o in live for p, r in enumerate(files[o])}
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(compactions(rounds=1))
 def test_one_compaction_maps_every_old_place_to_the_rows_new_place(case: tuple[Files, list]) -> None:
     files, [(removed, added)] = case
@@ -66,7 +67,7 @@ def test_one_compaction_maps_every_old_place_to_the_rows_new_place(case: tuple[F
             assert maps[o][p] == expected, (o, p, row)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(compactions(rounds=3), st.data())
 def test_composed_maps_and_translate_follow_a_row_through_every_compaction(case: tuple[Files, list], data: st.DataObject) -> None:
     """Keys pointing at the original files, after several compactions recorded one by one

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 from lakesink_testing import duckdb_rows, expected_rows, load, pyiceberg_rows
 from pyspark.sql import types as T
 
@@ -87,7 +88,7 @@ def _model_row(row: dict, source: Source) -> dict:
     return out
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plan=steps)
 def test_evolutions_interleaved_with_appends_and_upserts_match_the_model(plan: list[tuple]) -> None:
     warehouse = tempfile.mkdtemp(prefix="evolve-")

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 from index_model import check_against_model, operation, run_workers
 
 from lakesink_datasource.index.key_encoding import encode_keys, key_hashes
@@ -20,7 +21,7 @@ from lakesink_datasource.index.key_index import Found, IndexState, Location, pac
 from lakesink_datasource.index.sharded_index import SHARDS, drop_sharded, open_sharded
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(operation, max_size=25))
 def test_random_applies_commits_and_rollbacks_match_dict_model(tmp_path_factory: pytest.TempPathFactory, ops: list) -> None:
     ix = open_sharded(str(tmp_path_factory.mktemp("sharded")))
@@ -43,7 +44,7 @@ def test_keys_spread_over_every_shard_and_overwrite_round_trips(tmp_path: Path) 
     drop_sharded(ix.path)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(keys=st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=30))
 def test_shard_hash_ignores_only_the_last_byte(keys: list[bytes]) -> None:
     assert key_hashes(keys, drop_last_byte=True).tolist() == key_hashes([k[:-1] for k in keys]).tolist()
