@@ -4,13 +4,16 @@
     python -m lakesink_datasource.maintain expire         db.events --warehouse /data/wh
     python -m lakesink_datasource.maintain remove-orphans db.events --warehouse /data/wh --dry-run
     python -m lakesink_datasource.maintain all            db.events --catalog prod
+    python -m lakesink_datasource.maintain register       db.events --warehouse /data/wh
 
 `compact` merges every partition's small files (not only a budget's worth, as a stream
 does) and drops fully deleted ones, row lineage kept; `expire` follows the table's
 `history.expire.*` properties (or `--older-than-hours`); `remove-orphans` deletes files no
 snapshot references that are older than the safety age (default: the table's
 `lakesink.maintenance.orphan-min-age-ms`, 3 days). `all` runs the three in that order.
-`--dry-run` reports what would happen and changes nothing.
+`--dry-run` reports what would happen and changes nothing. `register` puts a table its
+catalog lost (and its companion table of tombstones) back into the catalog, from the
+newest metadata file at its location (`--location`, `--metadata` to choose).
 
 The Python API is `maintain_table(table, action, ...)`, returning the same report.
 """
@@ -18,23 +21,33 @@ The Python API is `maintain_table(table, action, ...)`, returning the same repor
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from pyiceberg.catalog import load_catalog
 from pyiceberg.table import Table
 
-from lakesink_datasource.catalog.table_args import add_table_arguments, check_table_arguments, open_table_or_report
+from lakesink_datasource.catalog import loader
+from lakesink_datasource.catalog.table_args import (
+    add_table_arguments,
+    catalog_config_from_arguments,
+    check_table_arguments,
+    open_table_or_report,
+)
 from lakesink_datasource.iceberg.properties import TableSettings
 from lakesink_datasource.maintenance.compaction import CompactionResult, compact, plan_for
 from lakesink_datasource.maintenance.expire import ExpiryResult, expire_snapshots
-from lakesink_datasource.maintenance.orphans import OrphanScan, remove_orphans
+from lakesink_datasource.maintenance.orphans import LocationShared, OrphanScan, remove_orphans
+from lakesink_datasource.maintenance.register import RegisterError, register
 from lakesink_datasource.maintenance.tombstone_storing import store_tombstones
 from lakesink_datasource.table.tombstone_table import companion_identifier
 
 ACTIONS = ("compact", "expire", "remove-orphans", "all")
+COMMANDS = (*ACTIONS, "register")
 UNLIMITED = 1 << 62
 
 
@@ -123,36 +136,78 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m lakesink_datasource.maintain",
         description="Compact small files, expire snapshots, remove orphan files of a table lakesink writes.",
     )
-    parser.add_argument("action", choices=ACTIONS)
+    parser.add_argument("action", choices=COMMANDS)
     add_table_arguments(parser)
     parser.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
     parser.add_argument("--target-file-size", type=int, metavar="BYTES", help="compaction's output size (default: the table's)")
     parser.add_argument("--older-than-hours", type=float, help="expire snapshots older than this (default: the table's history.expire.*)")
     parser.add_argument("--orphan-min-age-hours", type=float, help="only remove orphans older than this (default: 72)")
+    parser.add_argument("--location", help="register: the table's location (default: where the catalog puts it)")
+    parser.add_argument("--metadata", help="register: the metadata file to register (default: the newest at the location)")
     args = parser.parse_args(argv)
     check_table_arguments(parser, args)
-    for name in ("target_file_size", "older_than_hours", "orphan_min_age_hours"):
+    if args.target_file_size is not None and args.target_file_size <= 0:
+        parser.error(f"--target-file-size must be positive, got {args.target_file_size}")
+    for name in ("older_than_hours", "orphan_min_age_hours"):
         value = getattr(args, name)
-        if value is not None and value <= 0:
-            parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
+        if value is not None and value < 0:
+            parser.error(f"--{name.replace('_', '-')} must be 0 or more, got {value}")
+    if args.action != "register" and (args.location or args.metadata):
+        parser.error("--location and --metadata apply to register")
     return args
+
+
+def _warn_about_zero_ages(args: argparse.Namespace) -> None:
+    if args.orphan_min_age_hours == 0 and args.action in ("remove-orphans", "all") and not args.dry_run:
+        print(
+            "note: --orphan-min-age-hours 0 also removes the files of writes still in flight (not committed yet), "
+            "which then fail: run it only while nothing writes to the table", file=sys.stderr,
+        )
+    if args.older_than_hours == 0 and args.action in ("expire", "all") and not args.dry_run:
+        print(
+            "note: --older-than-hours 0 expires every snapshot but the newest (and history.expire.min-snapshots-to-keep): "
+            "time travel and incremental reads to them end", file=sys.stderr,
+        )
+
+
+def _register(args: argparse.Namespace) -> int:
+    config = catalog_config_from_arguments(args)
+    # Explicitly asked for: an embedded catalog that is missing is created here.
+    if config.name == loader.EMBEDDED_CATALOG_NAME:
+        os.makedirs(config.properties["warehouse"].removeprefix("file://"), exist_ok=True)
+    catalog = load_catalog(config.name, **config.properties)
+    try:
+        done = register(catalog, args.table, location=args.location, metadata=args.metadata)
+    except RegisterError as exc:
+        print(f"cannot register {args.table}: {exc}", file=sys.stderr)
+        return 2
+    for item in done:
+        print(f"registered {item.identifier} from {item.metadata_location}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
+    if args.action == "register":
+        return _register(args)
+    _warn_about_zero_ages(args)
     table = open_table_or_report(args)
     if table is None:
         return 2
     hours = 3600 * 1000
-    report = maintain_table(
-        table,
-        args.action,
-        dry_run=args.dry_run,
-        target_file_size=args.target_file_size,
-        older_than_ms=None if args.older_than_hours is None else int(args.older_than_hours * hours),
-        orphan_min_age_ms=None if args.orphan_min_age_hours is None else int(args.orphan_min_age_hours * hours),
-        progress_to=sys.stderr if sys.stderr.isatty() else None,
-    )
+    try:
+        report = maintain_table(
+            table,
+            args.action,
+            dry_run=args.dry_run,
+            target_file_size=args.target_file_size,
+            older_than_ms=None if args.older_than_hours is None else int(args.older_than_hours * hours),
+            orphan_min_age_ms=None if args.orphan_min_age_hours is None else int(args.orphan_min_age_hours * hours),
+            progress_to=sys.stderr if sys.stderr.isatty() else None,
+        )
+    except LocationShared as exc:
+        print(f"{args.table}: refused: {exc}", file=sys.stderr)
+        return 2
     print(f"{args.table}{' (dry run: nothing changed)' if args.dry_run else ''}")
     print(report.summary())
     return 0

@@ -67,6 +67,9 @@ class WriteOptions(TableTarget, frozen=True, kw_only=True):
     delete_ops: tuple[str, ...] = ("d",)
     sequence_column: str | None = None
     index_dir: str | None = None
+    # A streaming query's checkpoint (Spark passes it to the sink): its committed batches
+    # tell that the query wrote before.
+    checkpoint_location: str | None = None
 
 
 _SIMPLE = {
@@ -105,6 +108,7 @@ _ALIASES = {  # Delta's and Iceberg's Spark writer's names
 }
 # Options Spark itself consumes and still forwards to the data source.
 _SPARK_OWNED = {"checkpointlocation", "queryname"}
+_CHECKPOINT = "checkpointlocation"
 
 
 def _valid_names() -> str:
@@ -151,6 +155,7 @@ def bool_option(name: str, raw: str) -> bool:
 def parse_options(raw: Mapping[str, str]) -> WriteOptions:
     """Validate Spark's option map into WriteOptions; raise OptionError naming the option."""
     values: dict[str, str] = {}
+    checkpoint: str | None = None
     catalog_properties: dict[str, str] = {}
     table_properties: dict[str, str] = {}
     snapshot_properties: dict[str, str] = {}
@@ -182,6 +187,8 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
             snapshot_properties[prop] = value
             continue
         if name in _SPARK_OWNED:
+            if name == _CHECKPOINT and value.strip():
+                checkpoint = value.strip()
             continue
         name = _ALIASES.get(name, name)
         if name not in _SIMPLE:
@@ -242,6 +249,8 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
         "overwrite_mode": overwrite_mode,
         "replace_where": replace_where,
         "branch": None if branch == "main" else branch,
+        # Made absolute on the driver, where Spark resolves it too.
+        "checkpoint_location": None if checkpoint is None else (checkpoint if "://" in checkpoint else os.path.abspath(checkpoint)),
     }
     if "target_file_size_bytes" in values:
         kwargs["target_file_size_bytes"] = int_option("target_file_size_bytes", values["target_file_size_bytes"])

@@ -65,3 +65,16 @@ def spark(faults_file: Path, tmp_path_factory: pytest.TempPathFactory):  # type:
 @pytest.fixture
 def warehouse(tmp_path: Path) -> str:
     return str(tmp_path / "warehouse")
+
+
+@pytest.fixture
+def postgres_uri() -> str:
+    """The PostgreSQL server `.ci/run` starts (LAKESINK_TEST_POSTGRES_URI). Outside CI a test
+    needing it is skipped without one; in CI (CI=true) a missing server is a failure, so such
+    a test can never silently not run there."""
+    uri = os.environ.get("LAKESINK_TEST_POSTGRES_URI")
+    if not uri:
+        if os.environ.get("CI"):
+            pytest.fail("LAKESINK_TEST_POSTGRES_URI is not set in CI: .ci/run should have started PostgreSQL")
+        pytest.skip("no PostgreSQL server (set LAKESINK_TEST_POSTGRES_URI)")
+    return uri

@@ -367,7 +367,7 @@ class Harness:
     def close(self) -> None:
         self.drop_index()
         config = loader.catalog_config(self.options)
-        cached = loader._cache.pop((config.name, tuple(sorted(config.properties.items()))), None)
+        cached, _inode = loader._cache.pop((config.name, tuple(sorted(config.properties.items()))), (None, None))
         engine = getattr(cached, "engine", None)
         if engine is not None:
             engine.dispose()

@@ -14,7 +14,10 @@ import threading
 import msgspec
 from pyiceberg.catalog import Catalog, load_catalog
 
+from lakesink_datasource.catalog.errors import CatalogError
 from lakesink_datasource.options import TableTarget
+
+__all__ = ["EMBEDDED_CATALOG_NAME", "CatalogConfig", "CatalogError", "catalog_config", "describe", "load", "unreachable"]
 
 EMBEDDED_CATALOG_NAME = "lakesink"
 
@@ -40,31 +43,88 @@ def catalog_config(options: TableTarget) -> CatalogConfig:
     return CatalogConfig(options.catalog or "default", dict(options.catalog_properties))
 
 
-_cache: dict[tuple[str, tuple[tuple[str, str], ...]], Catalog] = {}
+_cache: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Catalog, int | None]] = {}
 _lock = threading.Lock()
 
 
 def load(config: CatalogConfig) -> Catalog:
-    """Return the process-wide catalog for this config (connections are reused)."""
+    """Return the process-wide catalog for this config (connections are reused).
+
+    The embedded catalog is never created over a warehouse that already holds tables: a
+    `catalog.db` that vanished (a volume that came back empty, a changed path, a file moved
+    away while a stream runs) would otherwise be replaced by an empty one, and the next
+    write would create a new table over the old one's files."""
     key = (config.name, tuple(sorted(config.properties.items())))
+    embedded = _embedded_file(config)
     with _lock:
-        catalog: Catalog | None = _cache.get(key)
-        if catalog is None:
-            if config.name == EMBEDDED_CATALOG_NAME and config.properties.get("type") == "sql":
-                warehouse = config.properties["warehouse"].removeprefix("file://")
-                os.makedirs(warehouse, exist_ok=True)
-            try:
-                catalog = load_catalog(config.name, **config.properties)
-            except ValueError as exc:
-                raise CatalogError(f"{describe(config)} is not configured: {_hint(config)} (pyiceberg said: {exc})") from exc
-            except OSError as exc:  # requests' ConnectionError and Timeout are OSErrors
-                raise CatalogError(unreachable(config, exc)) from exc
-            _cache[key] = catalog
+        cached = _cache.get(key)
+        inode = _inode(embedded) if embedded is not None else None
+        if cached is not None and embedded is not None and cached[1] != inode:
+            # catalog.db was replaced or removed under this process: its pooled connections
+            # still reach the old file. Start over with what is there now.
+            _dispose(cached[0])
+            del _cache[key]
+            cached = None
+        if cached is not None:
+            return cached[0]
+        if embedded is not None:
+            warehouse = os.path.dirname(embedded)
+            if inode is None:
+                tables = tables_in_warehouse(warehouse)
+                if tables:
+                    raise CatalogError(
+                        f"the embedded catalog {embedded} is missing, but warehouse {warehouse} holds Iceberg tables "
+                        f"({', '.join(tables[:5])}{', ...' if len(tables) > 5 else ''}): lakesink does not start an empty "
+                        "catalog over them (a new table would be created over an old one). Restore catalog.db, or "
+                        "register each table into a new catalog: python -m lakesink_datasource.maintain register "
+                        f"--warehouse {warehouse} NAMESPACE.TABLE"
+                    )
+            os.makedirs(warehouse, exist_ok=True)
+        try:
+            catalog = load_catalog(config.name, **config.properties)
+        except ValueError as exc:
+            raise CatalogError(f"{describe(config)} is not configured: {_hint(config)} (pyiceberg said: {exc})") from exc
+        except OSError as exc:  # requests' ConnectionError and Timeout are OSErrors
+            raise CatalogError(unreachable(config, exc)) from exc
+        _cache[key] = (catalog, _inode(embedded) if embedded is not None else None)
         return catalog
 
 
-class CatalogError(RuntimeError):
-    """The catalog a write names cannot be configured or reached."""
+def _embedded_file(config: CatalogConfig) -> str | None:
+    """The SQLite file of the embedded catalog (None for any other catalog)."""
+    if config.name != EMBEDDED_CATALOG_NAME or config.properties.get("type") != "sql":
+        return None
+    return os.path.join(config.properties["warehouse"].removeprefix("file://"), "catalog.db")
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
+
+
+def _dispose(catalog: Catalog) -> None:
+    engine = getattr(catalog, "engine", None)
+    if engine is not None:
+        engine.dispose()
+
+
+def tables_in_warehouse(warehouse: str, depth: int = 4) -> list[str]:
+    """Directories under `warehouse` (at most `depth` levels down) holding Iceberg table
+    metadata (`metadata/*.metadata.json`), as paths relative to it."""
+    found: list[str] = []
+    root = os.path.abspath(warehouse)
+    for folder, subfolders, _files in os.walk(root):
+        level = folder[len(root) :].count(os.sep)
+        if level >= depth:
+            subfolders[:] = []
+        if "metadata" in subfolders:
+            names = os.listdir(os.path.join(folder, "metadata"))
+            if any(n.endswith(".metadata.json") for n in names):
+                found.append(os.path.relpath(folder, root))
+                subfolders[:] = [d for d in subfolders if d not in ("metadata", "data")]
+    return sorted(found)
 
 
 def describe(config: CatalogConfig) -> str:

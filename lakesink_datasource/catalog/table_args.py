@@ -34,7 +34,7 @@ def check_table_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
             parser.error(f"--catalog-prop needs KEY=VALUE, got {prop!r}")
 
 
-def load_table_from_arguments(args: argparse.Namespace) -> Table:
+def _raw_options(args: argparse.Namespace) -> dict[str, str]:
     raw = {"table": args.table}
     if args.warehouse:
         raw["warehouse"] = args.warehouse
@@ -43,7 +43,15 @@ def load_table_from_arguments(args: argparse.Namespace) -> Table:
     for prop in args.catalog_prop:
         key, value = prop.split("=", 1)
         raw[f"catalog.{key}"] = value
-    return load_existing_table(raw)
+    return raw
+
+
+def catalog_config_from_arguments(args: argparse.Namespace) -> loader.CatalogConfig:
+    return loader.catalog_config(parse_options(_raw_options(args)))
+
+
+def load_table_from_arguments(args: argparse.Namespace) -> Table:
+    return load_existing_table(_raw_options(args))
 
 
 def load_existing_table(raw: dict[str, str]) -> Table:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyspark
+from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -28,6 +29,8 @@ from pyroaring import BitMap64
 
 from lakesink_datasource.arrays import unique_sorted
 from lakesink_datasource.catalog import loader, sql_commit
+from lakesink_datasource.catalog.errors import CatalogError, CatalogUnavailable
+from lakesink_datasource.catalog.transient import RetryBudget, is_transient, retrying
 from lakesink_datasource.commit import cleanup
 from lakesink_datasource.commit.data_files import data_file
 from lakesink_datasource.commit.deletion_vectors import PendingDeletes
@@ -242,14 +245,30 @@ def _backoff_seconds(settings: TableSettings, attempt: int) -> float:
     return wait_ms / 1000 * (0.5 + random.random())
 
 
+def _load(catalog: Catalog, plan: WritePlan, budget: RetryBudget) -> Table:
+    return retrying(
+        lambda: sql_commit.load_table(catalog, plan.identifier), what=f"loading table {plan.identifier}",
+        catalog=loader.describe(plan.catalog), budget=budget,
+    )
+
+
+def _write_settings(plan: WritePlan, metadata: TableMetadata | None = None) -> TableSettings:
+    """The table's settings as this write sees them: its own `property.<key>` options over
+    the table's properties (they land with its commit, and govern that commit too)."""
+    props = {**(metadata.properties if metadata is not None else {}), **plan.options.table_properties}
+    return TableSettings.of(props, metadata.location if metadata is not None else "")
+
+
 def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | None) -> CommitOutcome:
     started = time.perf_counter()
     query_id = next((r.query_id for r in results if r.query_id is not None), None)
     write_ids = {r.write_id for r in results} or {plan.write_id}
     planned_snapshot_id = next((r.planned_snapshot_id for r in results), plan.planned_snapshot_id)
     stats = _sum_stats(results)
-    catalog = loader.load(plan.catalog)
-    table = sql_commit.load_table(catalog, plan.identifier)
+    budget = RetryBudget.of(_write_settings(plan))
+    catalog_name = loader.describe(plan.catalog)
+    catalog = retrying(lambda: loader.load(plan.catalog), what="opening the catalog", catalog=catalog_name, budget=budget)
+    table = _load(catalog, plan, budget)
 
     if idempotency.is_epoch_committed(table.metadata, query_id, batch_id):
         log.info("lakesink: batch %s of query %s is already in the table; skipped", batch_id, query_id)
@@ -290,10 +309,36 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
     tombstones = sorted(r.tombstones for r in results if r.tombstones)
     if tombstones:
         extra[keys.TOMBSTONES] = ",".join(tombstones)
-    settings = TableSettings.of_table(metadata)
+    settings = _write_settings(plan, metadata)
+    budget = RetryBudget.of(settings)
     deadline = time.monotonic() + settings.commit_total_retry_time_ms / 1000
     attempts = settings.commit_num_retries + 1
+    unavailable: BaseException | None = None  # the last attempt's transient catalog error, if that is how it failed
+    fresh = True  # `table` is the state the last swap was refused on (else: reload it first)
     for attempt_number in range(attempts):
+        if attempt_number:
+            wait = budget.wait_seconds(attempt_number - 1) if unavailable is not None else _backoff_seconds(settings, attempt_number - 1)
+            time.sleep(wait)
+        if not fresh:
+            # One budget for the whole commit: a reload that fails too is one more attempt.
+            try:
+                table = sql_commit.load_table(catalog, plan.identifier)
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                unavailable = exc
+                log.warning("lakesink: commit attempt %d: %s did not answer (%s)", attempt_number + 1, catalog_name, _first_line(exc))
+                if time.monotonic() > deadline:
+                    break
+                continue
+            fresh = True
+            if idempotency.is_epoch_committed(table.metadata, query_id, batch_id) or idempotency.is_txn_committed(
+                table.metadata, *txn
+            ) or any(
+                idempotency.is_write_committed(table.metadata, w, planned_snapshot_id, plan.options.branch) for w in write_ids
+            ):
+                producer.cleanup(committed_attempt=None)
+                return CommitOutcome(None, "committed concurrently", attempt_number, stats)
         fault_point("before_commit", batch_id)
         extra[keys.COMMIT_PREPARE_SECONDS] = f"{time.perf_counter() - started:.3f}"
         try:
@@ -304,44 +349,70 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
         try:
             committed = swap_in(table, attempt)
         except CommitFailedException as exc:
+            unavailable = None
             log.info("lakesink: commit attempt %d lost a race (%s); retrying on the new table state", attempt_number + 1, exc)
-            table = sql_commit.load_table(catalog, plan.identifier)
-            if idempotency.is_epoch_committed(table.metadata, query_id, batch_id) or idempotency.is_txn_committed(
-                table.metadata, *txn
-            ) or any(
-                idempotency.is_write_committed(table.metadata, w, planned_snapshot_id, plan.options.branch) for w in write_ids
-            ):
+        except Exception as exc:
+            if not is_transient(exc):
                 producer.cleanup(committed_attempt=None)
-                return CommitOutcome(None, "committed concurrently", attempt_number + 1, stats)
-            if attempt_number + 1 == attempts or time.monotonic() > deadline:
-                break
-            time.sleep(_backoff_seconds(settings, attempt_number))
-            continue
-        producer.cleanup(committed_attempt=attempt_number)
-        fault_point("after_commit", batch_id)
-        snapshot = attempt.snapshot
-        assert snapshot is not None  # a batch commit always adds one
-        removed = _after_commit(committed, table, attempt)
-        seconds = time.perf_counter() - started
-        dvs = len(producer.last.deletion_vectors)
-        log.info(
-            "lakesink: committed snapshot %d (%s) batch=%s rows_in=%d rows_written=%d rows_deleted=%d "
-            "data_files=%d dvs=%d bytes=%d attempts=%d partition_s=%.3f index_s=%.3f write_s=%.3f commit_s=%.3f "
-            "expired_snapshots=%d files_removed=%d",
-            snapshot.snapshot_id, snapshot.summary.operation.value if snapshot.summary else "?", batch_id,
-            stats.rows_in, stats.rows_written, stats.rows_deleted, len(delta.added_data_files),
-            dvs, stats.bytes_written, attempt_number + 1, stats.partition_seconds,
-            stats.index_seconds, stats.write_seconds, seconds, len(attempt.expired), removed,
-        )
-        return CommitOutcome(
-            snapshot.snapshot_id, None, attempt_number + 1, stats, committed, data_files=len(delta.added_data_files),
-            deletion_vectors=dvs, rows_hidden=sum(len(p.positions) for p in delta.position_deletes.values()),
-            seconds=seconds, expired_snapshots=len(attempt.expired), files_removed=removed,
-        )
+                raise
+            # The swap may or may not have landed (a reply lost on the way back): the table,
+            # reloaded before the next attempt, says which by this write's id.
+            unavailable = exc
+            log.warning("lakesink: commit attempt %d: %s did not answer (%s)", attempt_number + 1, catalog_name, _first_line(exc))
+        else:
+            return _committed(plan, producer, attempt, committed, table, attempt_number, batch_id, stats, delta, started)
+        fresh = False
+        if time.monotonic() > deadline:
+            break
+    if unavailable is not None:
+        # Whether an attempt landed is unknown: keep its files (the abort or the replay of
+        # this batch looks at the table and knows).
+        raise CatalogUnavailable(
+            f"could not commit to {plan.identifier}: {catalog_name} kept failing ({type(unavailable).__name__}: "
+            f"{_first_line(unavailable)}) over {attempts} attempt(s). Check that the catalog service is up and reachable "
+            "(for the embedded SQLite catalog: that no other process holds catalog.db locked); to wait longer, raise table "
+            "properties commit.retry.num-retries and commit.retry.min-wait-ms. Restarting the query is safe: a batch "
+            "that did land is recognised and not written twice",
+            unavailable, attempts,
+        ) from unavailable
     producer.cleanup(committed_attempt=None)
     raise CommitError(
         f"could not commit to {plan.identifier} after {attempts} attempts: other writers kept committing first "
         f"(raise table property commit.retry.num-retries, now {settings.commit_num_retries}, to wait longer)"
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _committed(
+    plan: WritePlan, producer: SnapshotProducer, attempt: PreparedCommit, committed: Table, table: Table,
+    attempt_number: int, batch_id: int | None, stats: TaskStats, delta: RowDelta, started: float,
+) -> CommitOutcome:
+    """What follows a landed commit: the lost attempts' files and what the commit made
+    unreferenced deleted, the outcome logged."""
+    producer.cleanup(committed_attempt=attempt_number)
+    fault_point("after_commit", batch_id)
+    snapshot = attempt.snapshot
+    assert snapshot is not None  # a batch commit always adds one
+    removed = _after_commit(committed, table, attempt)
+    seconds = time.perf_counter() - started
+    dvs = len(producer.last.deletion_vectors)
+    log.info(
+        "lakesink: committed snapshot %d (%s) batch=%s rows_in=%d rows_written=%d rows_deleted=%d "
+        "data_files=%d dvs=%d bytes=%d attempts=%d partition_s=%.3f index_s=%.3f write_s=%.3f commit_s=%.3f "
+        "expired_snapshots=%d files_removed=%d",
+        snapshot.snapshot_id, snapshot.summary.operation.value if snapshot.summary else "?", batch_id,
+        stats.rows_in, stats.rows_written, stats.rows_deleted, len(delta.added_data_files),
+        dvs, stats.bytes_written, attempt_number + 1, stats.partition_seconds,
+        stats.index_seconds, stats.write_seconds, seconds, len(attempt.expired), removed,
+    )
+    return CommitOutcome(
+        snapshot.snapshot_id, None, attempt_number + 1, stats, committed, data_files=len(delta.added_data_files),
+        deletion_vectors=dvs, rows_hidden=sum(len(p.positions) for p in delta.position_deletes.values()),
+        seconds=seconds, expired_snapshots=len(attempt.expired), files_removed=removed,
     )
 
 
@@ -350,19 +421,29 @@ def abort_write(plan: WritePlan, results: list[TaskResult], batch_id: int | None
     if not results:
         return []
     query_id = next((r.query_id for r in results if r.query_id is not None), None)
-    catalog = loader.load(plan.catalog)
-    table = sql_commit.load_table(catalog, plan.identifier)
+    budget = RetryBudget.of(_write_settings(plan))
+    files = [path for r in results for path in [m.path for m in r.data_files] + ([r.tombstones] if r.tombstones else [])]
+    try:
+        catalog = retrying(lambda: loader.load(plan.catalog), what="opening the catalog", catalog=loader.describe(plan.catalog), budget=budget)
+        table = _load(catalog, plan, budget)
+    except CatalogError as exc:
+        # Whether the write landed cannot be known: its files stay, for orphan removal.
+        log.warning(
+            "lakesink: abort of batch %s could not check table %s (%s); its %d file(s) are kept until orphan removal "
+            "(python -m lakesink_datasource.maintain remove-orphans) finds them unreferenced: %s",
+            batch_id, plan.identifier, exc, len(files), ", ".join(files[:10]) + (", ..." if len(files) > 10 else ""),
+        )
+        return []
     if idempotency.is_epoch_committed(table.metadata, query_id, batch_id) or any(
         idempotency.is_write_committed(table.metadata, r.write_id, r.planned_snapshot_id, plan.options.branch) for r in results
     ):
         log.warning("lakesink: abort of batch %s ignored: it is already committed", batch_id)
         return []
     deleted = []
-    for r in results:
-        for path in [m.path for m in r.data_files] + ([r.tombstones] if r.tombstones else []):
-            try:
-                table.io.delete(path)
-                deleted.append(path)
-            except (FileNotFoundError, OSError):
-                pass
+    for path in files:
+        try:
+            table.io.delete(path)
+            deleted.append(path)
+        except (FileNotFoundError, OSError):
+            pass
     return deleted

@@ -15,11 +15,10 @@ snapshot may still read them) and the tombstone files named in its summary.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
-import pyarrow.fs as pafs
 from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 
@@ -27,6 +26,8 @@ from lakesink_datasource.commit.cleanup import delete_files
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
 from lakesink_datasource.iceberg.manifests import read_entries
 from lakesink_datasource.iceberg.summary_keys import TOMBSTONES
+from lakesink_datasource.io.listing import list_files
+from lakesink_datasource.table.location_guard import table_uuid_of
 
 
 @dataclass
@@ -71,44 +72,49 @@ def referenced_files(io: FileIO, table: Table) -> set[str]:
     return out
 
 
-def _listing(location: str) -> Iterable[tuple[str, int, int]]:
-    """(path, size, modification time in ms) of every file under `location`."""
-    fs, root = pafs.FileSystem.from_uri(location)
-    try:
-        infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
-    except FileNotFoundError:
-        return
-    scheme = urlparse(location).scheme
-    for info in infos:
-        if info.type != pafs.FileType.File:
-            continue
-        mtime = int(info.mtime.timestamp() * 1000) if info.mtime is not None else 0
-        path = info.path if scheme in ("", "file") else f"{scheme}://{info.path}"
-        yield path, info.size or 0, mtime
+class LocationShared(RuntimeError):
+    """The table's location holds another table's metadata: nothing is removed."""
 
 
 def remove_orphans(
     table: Table, *, min_age_ms: int, dry_run: bool = False, now_ms: int | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> OrphanScan:
-    """Find (and unless `dry_run`, delete) the table's orphan files older than `min_age_ms`."""
+    """Find (and unless `dry_run`, delete) the table's orphan files older than `min_age_ms`.
+    Lists through the table's own FileIO (its store's endpoint and credentials). Refuses
+    (LocationShared, nothing removed) when the location holds another table's metadata:
+    that table's files are not this table's orphans."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     referenced = referenced_files(table.io, table)
     scan = OrphanScan()
     location = table.metadata.location
     if urlparse(location).scheme == "" and not location.startswith("/"):
         raise ValueError(f"table location {location!r} is not absolute")
-    for path, size, mtime in _listing(location if "://" in location else f"file://{location}"):
+    unreferenced_metadata = []
+    for listed in list_files(table.io, location):
         scan.scanned += 1
         if progress is not None:
             progress(1)
-        if normalize(path) in referenced:
+        if normalize(listed.path) in referenced:
             continue
-        if now_ms - mtime < min_age_ms:
+        if listed.path.endswith(".metadata.json"):
+            unreferenced_metadata.append(listed.path)
+        if now_ms - listed.mtime_ms < min_age_ms:
             scan.too_young += 1
             continue
-        scan.orphans.append(path)
-        scan.orphan_bytes += size
+        scan.orphans.append(listed.path)
+        scan.orphan_bytes += listed.size
+    own = str(table.metadata.table_uuid)
+    foreign = [(path, owner) for path in unreferenced_metadata if (owner := table_uuid_of(table.io, path)) != own]
+    if foreign:
+        path, owner = foreign[-1]
+        raise LocationShared(
+            f"the location {location} of table {'.'.join(table.name())} holds the metadata of "
+            f"{'another table (uuid ' + owner + ')' if owner else 'something that is not this table'}: {path}"
+            f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}. Removing orphans would delete that table's "
+            "files; nothing was removed. Register that table back (python -m lakesink_datasource.maintain register) "
+            "and give the tables distinct locations, or delete its files if it is gone on purpose"
+        )
     if not dry_run and scan.orphans:
         delete_files(table.io, scan.orphans)
     return scan

@@ -10,6 +10,7 @@ which Iceberg allows and any engine's metadata cleanup may drop.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.schema import Schema
@@ -18,6 +19,7 @@ from pyiceberg.table.update import AddSchemaUpdate, AssertCurrentSchemaId, Asser
 from pyspark.sql.types import StructType
 
 from lakesink_datasource.catalog import sql_commit
+from lakesink_datasource.catalog.transient import retrying
 from lakesink_datasource.schema.evolution import merge_schema
 
 _ATTEMPTS = 10
@@ -48,13 +50,17 @@ def stage_evolution(table: Table, incoming: StructType, key_columns: tuple[str, 
             identifier_field_ids=list(current.identifier_field_ids),
         )
         try:
-            response = sql_commit.commit(
-                table,
-                requirements=(
-                    AssertCurrentSchemaId(current_schema_id=current.schema_id),
-                    AssertLastAssignedFieldId(last_assigned_field_id=metadata.last_column_id),
+            response = retrying(
+                partial(
+                    sql_commit.commit,
+                    table,
+                    requirements=(
+                        AssertCurrentSchemaId(current_schema_id=current.schema_id),
+                        AssertLastAssignedFieldId(last_assigned_field_id=metadata.last_column_id),
+                    ),
+                    updates=(AddSchemaUpdate(schema_=schema),),
                 ),
-                updates=(AddSchemaUpdate(schema_=schema),),
+                what=f"staging the evolved schema of {'.'.join(table.name())}", catalog=f"catalog {table.catalog.name!r}",
             )
         except CommitFailedException:
             table = sql_commit.load_table(table.catalog, ".".join(table.name()))

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import uuid
 
-from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.catalog import Catalog, MetastoreCatalog
+from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchNamespaceError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.io import load_file_io
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -18,6 +19,8 @@ from pyiceberg.types import DoubleType, FloatType, PrimitiveType
 from pyspark.sql.types import StructType
 
 from lakesink_datasource.catalog import loader, sql_commit
+from lakesink_datasource.catalog.errors import CatalogError
+from lakesink_datasource.catalog.transient import retrying
 from lakesink_datasource.iceberg.compat import v3_metadata_writes
 from lakesink_datasource.iceberg.history import branch_head
 from lakesink_datasource.iceberg.properties import CREATE_DEFAULTS, FORMAT_VERSION, PropertyError, TableSettings
@@ -25,6 +28,8 @@ from lakesink_datasource.iceberg.row_filter import FilterError, parse_filter
 from lakesink_datasource.options import KEYED_OPERATIONS, OptionError, WriteOptions
 from lakesink_datasource.schema.evolution import Evolution, describe_differences, merge_schema
 from lakesink_datasource.schema.spark_types import SchemaError, check_dataframe_columns, column_mapping, spark_to_iceberg_schema
+from lakesink_datasource.table.checkpoint import committed_batches
+from lakesink_datasource.table.location_guard import LocationInUse, refuse_if_in_use
 from lakesink_datasource.table.partition_spec import describe_spec, parse_partition_spec, same_layout
 from lakesink_datasource.table.plan import KeyedPlan, WritePlan
 from lakesink_datasource.table.schema_staging import stage_evolution
@@ -54,38 +59,78 @@ def _column_sources(options: WriteOptions, spark_schema: StructType, schema: Sch
     return column_mapping(spark_schema, schema, ignore=(options.op_column,) if options.op_column else ())
 
 
-def create_table(catalog: Catalog, options: WriteOptions, spark_schema: StructType) -> Table:
+def create_table(catalog: Catalog, options: WriteOptions, spark_schema: StructType, config: loader.CatalogConfig) -> Table:
     schema = _new_table_schema(options, spark_schema)
     spec = parse_partition_spec(options.partition_by, schema)
     namespace = options.table.rsplit(".", 1)[0]
+    name = loader.describe(config)
+    planned = _planned_location(catalog, options.table)
+    if planned is not None:
+        refuse_if_in_use(load_file_io(catalog.properties, planned), planned, options.table, name)
     try:
-        catalog.create_namespace(namespace)
+        retrying(lambda: catalog.create_namespace(namespace), what=f"creating namespace {namespace}", catalog=name)
     except NamespaceAlreadyExistsError:
         pass
     try:
         with v3_metadata_writes():
-            return catalog.create_table(
-                options.table,
-                schema=schema,
-                partition_spec=spec,
-                properties={
-                    **CREATE_DEFAULTS,
-                    **options.table_properties,
-                    FORMAT_VERSION: str(options.format_version or 3),
-                },
+            table = retrying(
+                lambda: catalog.create_table(
+                    options.table,
+                    schema=schema,
+                    partition_spec=spec,
+                    properties={**CREATE_DEFAULTS, **options.table_properties, FORMAT_VERSION: str(options.format_version or 3)},
+                ),
+                what=f"creating table {options.table}", catalog=name,
             )
     except TableAlreadyExistsError:
         # Another writer created it between our load and create: use theirs.
-        return catalog.load_table(options.table)
+        return retrying(lambda: catalog.load_table(options.table), what=f"loading table {options.table}", catalog=name)
+    if planned is None:
+        # The catalog chose the location (a REST catalog): check it now, and take the new
+        # entry back if another table's metadata is there.
+        try:
+            refuse_if_in_use(table.io, table.metadata.location, options.table, name, own_uuid=str(table.metadata.table_uuid))
+        except LocationInUse:
+            catalog.drop_table(options.table)
+            raise
+    return table
+
+
+def _planned_location(catalog: Catalog, identifier: str) -> str | None:
+    """Where `catalog` will put a new table `identifier`, when the client decides it (SQL
+    and other metastore catalogs); None when the catalog service chooses (REST)."""
+    if not isinstance(catalog, MetastoreCatalog):
+        return None
+    namespace, name = identifier.rsplit(".", 1)
+    try:
+        return catalog._resolve_table_location(None, namespace, name)
+    except (ValueError, NoSuchNamespaceError):
+        return None
+
+
+def _stream_history_check(options: WriteOptions, catalog: str) -> None:
+    """A streaming query that has committed batches never starts a new table: its earlier
+    batches are marked done in its checkpoint and would never be written again."""
+    committed = committed_batches(options.checkpoint_location) if options.checkpoint_location else []
+    if committed:
+        raise CatalogError(
+            f"table {options.table} does not exist in {catalog}, but this streaming query's checkpoint "
+            f"{options.checkpoint_location} has committed batches (up to {committed[-1]}): they were written to a table "
+            "this catalog no longer knows, and Spark will not replay them. lakesink does not start a new table under a "
+            "running query. Restore the catalog or register the table back (python -m lakesink_datasource.maintain "
+            f"register {options.table} ...); to start over on purpose, use a new checkpointLocation"
+        )
 
 
 def resolve_table(options: WriteOptions, spark_schema: StructType, *, create: bool = True) -> Table | None:
     config = loader.catalog_config(options)
-    catalog = loader.load(config)
+    name = loader.describe(config)
     try:
-        table = load_table(catalog, options.table)
+        catalog = retrying(lambda: loader.load(config), what="opening the catalog", catalog=name)
+        table = retrying(lambda: load_table(catalog, options.table), what=f"loading table {options.table}", catalog=name)
         if table is None and create:
-            table = create_table(catalog, options, spark_schema)
+            _stream_history_check(options, name)
+            table = create_table(catalog, options, spark_schema, config)
     except OSError as exc:  # a REST catalog that stopped answering, a file permission, ...
         if isinstance(exc, PermissionError):
             raise loader.CatalogError(

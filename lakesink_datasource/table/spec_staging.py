@@ -16,6 +16,7 @@ layout).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.partitioning import PartitionField, PartitionSpec
@@ -25,6 +26,7 @@ from pyiceberg.table.update import AddPartitionSpecUpdate, AssertLastAssignedPar
 from pyiceberg.transforms import BucketTransform, TruncateTransform
 
 from lakesink_datasource.catalog import sql_commit
+from lakesink_datasource.catalog.transient import retrying
 from lakesink_datasource.table.partition_spec import same_layout
 
 _ATTEMPTS = 10
@@ -86,11 +88,15 @@ def stage_spec(table: Table, wanted: PartitionSpec) -> StagedSpec:
             return StagedSpec(table, reuse, metadata.default_spec_id)
         spec = assign_field_ids(metadata, wanted)
         try:
-            response = sql_commit.commit(
-                table,
-                # Another writer adding a spec (or partition field) meanwhile moves last-partition-id.
-                requirements=(AssertLastAssignedPartitionId(last_assigned_partition_id=metadata.last_partition_id),),
-                updates=(AddPartitionSpecUpdate(spec=spec),),
+            response = retrying(
+                partial(
+                    sql_commit.commit,
+                    table,
+                    # Another writer adding a spec (or partition field) meanwhile moves last-partition-id.
+                    requirements=(AssertLastAssignedPartitionId(last_assigned_partition_id=metadata.last_partition_id),),
+                    updates=(AddPartitionSpecUpdate(spec=spec),),
+                ),
+                what=f"staging the new partition spec of {'.'.join(table.name())}", catalog=f"catalog {table.catalog.name!r}",
             )
         except CommitFailedException:
             table = sql_commit.load_table(table.catalog, ".".join(table.name()))

@@ -1,31 +1,16 @@
 """A PostgreSQL-backed SQL catalog works like the embedded one (Iceberg JDBC table layout).
 
-Needs a PostgreSQL server: `.ci/run` installs and starts one and sets
-LAKESINK_TEST_POSTGRES_URI. Outside CI the test is skipped without it; in CI (CI=true) a
-missing server is a failure, so this test can never silently not run there.
+Needs a PostgreSQL server (the `postgres_uri` fixture of conftest.py).
 """
 
 from __future__ import annotations
 
-import os
 import uuid
 from pathlib import Path
 
-import pytest
 import sqlalchemy as sa
 from lakesink_testing import duckdb_rows, expected_rows, pyiceberg_rows
 from pyiceberg.catalog.sql import SqlCatalog
-
-URI = os.environ.get("LAKESINK_TEST_POSTGRES_URI")
-
-
-@pytest.fixture
-def postgres_uri() -> str:
-    if not URI:
-        if os.environ.get("CI"):
-            pytest.fail("LAKESINK_TEST_POSTGRES_URI is not set in CI: .ci/run should have started PostgreSQL")
-        pytest.skip("no PostgreSQL server (set LAKESINK_TEST_POSTGRES_URI)")
-    return URI
 
 
 def test_streaming_and_batch_writes_through_a_postgres_catalog(spark, tmp_path: Path, postgres_uri: str) -> None:

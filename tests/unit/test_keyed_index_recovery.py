@@ -17,8 +17,8 @@ import shutil
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
 from concurrent.futures import ProcessPoolExecutor
+from typing import NamedTuple
 
 import lmdb
 import msgspec
@@ -27,8 +27,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, event, given, note, settings
-from hypothesis.control import currently_in_test_context
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 from hypothesis_profiles import examples
 from keyed_model import Change, Config, Harness, Model, in_order_sequences, label_batches, micro_batches, remote_write
 from pyiceberg.manifest import ManifestContent

@@ -1,0 +1,120 @@
+"""Waiting out a catalog that is briefly unavailable: locked, restarting, overloaded.
+
+A catalog call that fails for a reason that goes away by itself (SQLite's "database is
+locked" once its own 5 s busy wait ran out, a PostgreSQL connection reset or refused, a
+REST catalog's 5xx or timeout) is retried with the table's `commit.retry.*` budget:
+`num-retries` more attempts, waits doubling from `min-wait-ms` (at least half a second:
+the services these errors come from take seconds, not milliseconds, to come back) up to
+`max-wait-ms`, all within `total-timeout-ms`. With Iceberg's defaults that rides out a
+SQLite lock of about 30 s. Anything else (a missing table, a refused compare-and-swap,
+bad credentials) is not transient and is raised at once, as are errors once the budget is
+spent, then as a `CatalogError` naming the catalog and what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from lakesink_datasource.catalog.errors import CatalogUnavailable
+from lakesink_datasource.iceberg.properties import TableSettings
+
+log = logging.getLogger("lakesink")
+
+T = TypeVar("T")
+
+# Fragments of the messages of errors that pass by themselves (SQLAlchemy's OperationalError
+# wraps the driver's: sqlite3's, psycopg2's).
+_TRANSIENT_MESSAGES = (
+    "database is locked",
+    "database is busy",
+    "database table is locked",
+    "could not connect",
+    "connection refused",
+    "connection reset",
+    "server closed the connection",
+    "terminating connection",
+    "the database system is starting up",
+    "the database system is shutting down",
+    "timeout expired",
+    "timed out",
+)
+_MIN_TRANSIENT_WAIT_MS = 500
+
+
+@dataclass(frozen=True)
+class RetryBudget:
+    """How long to keep retrying: Iceberg's `commit.retry.*` table properties."""
+
+    retries: int
+    min_wait_ms: int
+    max_wait_ms: int
+    total_ms: int
+
+    @classmethod
+    def of(cls, settings: TableSettings) -> RetryBudget:
+        return cls(
+            settings.commit_num_retries, settings.commit_min_retry_wait_ms, settings.commit_max_retry_wait_ms,
+            settings.commit_total_retry_time_ms,
+        )
+
+    def wait_seconds(self, attempt: int) -> float:
+        """The pause after failed attempt `attempt` (0-based), with jitter."""
+        wait_ms = min(self.max_wait_ms, max(self.min_wait_ms, _MIN_TRANSIENT_WAIT_MS) * 2**attempt)
+        return wait_ms / 1000 * (0.75 + random.random() / 2)
+
+
+DEFAULT_BUDGET = RetryBudget.of(TableSettings.of({}))
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether `exc` says the catalog is briefly unavailable (worth waiting for)."""
+    from pyiceberg.exceptions import ServerError, ServiceUnavailableError
+    from requests.exceptions import ConnectionError as RequestsConnectionError
+    from requests.exceptions import Timeout
+    from sqlalchemy.exc import DBAPIError, DisconnectionError
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    if isinstance(exc, (ServerError, ServiceUnavailableError, RequestsConnectionError, Timeout, DisconnectionError, PoolTimeout)):
+        return True
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        message = str(exc.orig if exc.orig is not None else exc).lower()
+        return any(fragment in message for fragment in _TRANSIENT_MESSAGES)
+    return isinstance(exc, (ConnectionResetError, ConnectionRefusedError, ConnectionAbortedError, TimeoutError))
+
+
+def retrying(call: Callable[[], T], *, what: str, catalog: str, budget: RetryBudget = DEFAULT_BUDGET) -> T:
+    """`call()`, retried while it fails with transient errors and the budget lasts.
+    `what` says what was being done ("loading table db.t"), `catalog` which catalog."""
+    started = time.monotonic()
+    attempt = 0
+    while True:
+        try:
+            return call()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            elapsed_ms = (time.monotonic() - started) * 1000
+            if attempt >= budget.retries or elapsed_ms >= budget.total_ms:
+                raise CatalogUnavailable(
+                    f"{catalog} kept failing while {what}: {type(exc).__name__}: {_first_line(exc)} "
+                    f"({attempt + 1} attempt(s) over {elapsed_ms / 1000:.0f} s). Check that the catalog service is up and "
+                    "reachable (for the embedded SQLite catalog: that no other process holds catalog.db locked); to wait "
+                    "longer, raise table properties commit.retry.num-retries and commit.retry.min-wait-ms",
+                    exc, attempt + 1,
+                ) from exc
+            wait = budget.wait_seconds(attempt)
+            log.warning("lakesink: %s is unavailable while %s (%s); retrying in %.1f s", catalog, what, _first_line(exc), wait)
+            time.sleep(wait)
+            attempt += 1
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
