@@ -25,7 +25,7 @@ from pyspark.sql.types import StructType
 from lakesink_datasource.catalog import loader
 from lakesink_datasource.commit.committer import abort_write, commit_write
 from lakesink_datasource.maintenance.after_batch import maintain_after_commit
-from lakesink_datasource.maintenance.tombstone_storing import store_tombstones_safely
+from lakesink_datasource.maintenance.tombstone_storing import store_tombstones_before_commit, store_tombstones_safely
 from lakesink_datasource.messages import decode_messages
 from lakesink_datasource.options import OptionError, parse_options
 from lakesink_datasource.progress import report_batch
@@ -101,8 +101,8 @@ def _commit(plan: WritePlan, messages: list[WriterCommitMessage | None], batch_i
     sequenced = plan.keyed is not None and plan.keyed.sequence_source is not None
     if sequenced:
         # Deletes of a batch whose storing did not happen are stored before this commit
-        # may expire the snapshot that names them.
-        store_tombstones_safely(loader.load(plan.catalog), plan.identifier)
+        # may expire the snapshot that names them: if they cannot be, the batch does not commit.
+        store_tombstones_before_commit(loader.load(plan.catalog), plan.identifier, loader.describe(plan.catalog))
     outcome = commit_write(plan, decode_messages(messages), batch_id=batch_id)
     compaction = None
     if outcome.snapshot_id is not None:

@@ -5,6 +5,7 @@
     python -m lakesink_datasource.maintain remove-orphans db.events --warehouse /data/wh --dry-run
     python -m lakesink_datasource.maintain all            db.events --catalog prod
     python -m lakesink_datasource.maintain register       db.events --warehouse /data/wh
+    python -m lakesink_datasource.maintain repair-tombstones db.events --warehouse /data/wh
 
 `compact` merges every partition's small files (not only a budget's worth, as a stream
 does) and drops fully deleted ones, row lineage kept; `expire` follows the table's
@@ -14,6 +15,8 @@ snapshot references that are older than the safety age (default: the table's
 `--dry-run` reports what would happen and changes nothing. `register` puts a table its
 catalog lost (and its companion table of tombstones) back into the catalog, from the
 newest metadata file at its location (`--location`, `--metadata` to choose).
+`repair-tombstones` rebuilds a keyed table's companion table of tombstones that cannot be
+read from what can (`--accept-loss` when some deletes cannot be recovered).
 
 The Python API is `maintain_table(table, action, ...)`, returning the same report.
 """
@@ -43,11 +46,12 @@ from lakesink_datasource.maintenance.compaction import CompactionResult, compact
 from lakesink_datasource.maintenance.expire import ExpiryResult, expire_snapshots
 from lakesink_datasource.maintenance.orphans import LocationShared, OrphanScan, remove_orphans
 from lakesink_datasource.maintenance.register import RegisterError, register
+from lakesink_datasource.maintenance.tombstone_repair import RepairRefused, repair_tombstones
 from lakesink_datasource.maintenance.tombstone_storing import store_tombstones
 from lakesink_datasource.table.tombstone_table import companion_identifier
 
 ACTIONS = ("compact", "expire", "remove-orphans", "all")
-COMMANDS = (*ACTIONS, "register")
+COMMANDS = (*ACTIONS, "register", "repair-tombstones")
 UNLIMITED = 1 << 62
 
 
@@ -116,9 +120,17 @@ def maintain_table(
     if action in ("expire", "all"):
         if not dry_run:
             # A keyed table's deletes go to its companion table before their snapshots expire.
-            stored = store_tombstones(table.catalog, ".".join(table.name()))
-            if stored:
-                report.lines.append(f"tombstones: stored {stored} in {companion_identifier('.'.join(table.name()))}")
+            name = ".".join(table.name())
+            try:
+                stored = store_tombstones(table.catalog, name)
+            except Exception as exc:  # noqa: BLE001 - reported; expiry then keeps the snapshots naming them
+                report.lines.append(
+                    f"tombstones: cannot be stored in {companion_identifier(name)} ({type(exc).__name__}: {exc}); the snapshots "
+                    f"naming them are kept. Repair: python -m lakesink_datasource.maintain repair-tombstones {name} ..."
+                )
+            else:
+                if stored:
+                    report.lines.append(f"tombstones: stored {stored} in {companion_identifier(name)}")
         report.expiry = expire_snapshots(table, max_age_ms=older_than_ms, dry_run=dry_run)
         table = table.refresh()
         report.lines.append(f"expiry: {report.expiry.describe(dry_run)}")
@@ -144,6 +156,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--orphan-min-age-hours", type=float, help="only remove orphans older than this (default: 72)")
     parser.add_argument("--location", help="register: the table's location (default: where the catalog puts it)")
     parser.add_argument("--metadata", help="register: the metadata file to register (default: the newest at the location)")
+    parser.add_argument("--accept-loss", action="store_true",
+                        help="repair-tombstones: rebuild even though some tombstones cannot be read (those deletes are forgotten)")
     args = parser.parse_args(argv)
     check_table_arguments(parser, args)
     if args.target_file_size is not None and args.target_file_size <= 0:
@@ -154,6 +168,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be 0 or more, got {value}")
     if args.action != "register" and (args.location or args.metadata):
         parser.error("--location and --metadata apply to register")
+    if args.action != "repair-tombstones" and args.accept_loss:
+        parser.error("--accept-loss applies to repair-tombstones")
     return args
 
 
@@ -194,6 +210,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = open_table_or_report(args)
     if table is None:
         return 2
+    if args.action == "repair-tombstones":
+        try:
+            repaired = repair_tombstones(table.catalog, args.table, accept_loss=args.accept_loss)
+        except RepairRefused as exc:
+            print(f"{args.table}: not repaired: {exc}", file=sys.stderr)
+            return 1
+        print(f"{args.table}: {repaired.describe()}")
+        return 0
     hours = 3600 * 1000
     try:
         report = maintain_table(

@@ -77,6 +77,7 @@ class TaskResult(msgspec.Struct, frozen=True):
     # can refuse a batch whose key reached two hosts (their indexes cannot agree).
     key_hashes: bytes = b""
     tombstones: str | None = None  # Parquet file of deleted keys with their sequence
+    tombstone_max_sequence: bytes | None = None  # the highest sequence among them (order-preserving encoding)
     index_healed: bool = False  # the host's index was damaged and rebuilt by this task
     # merge_schema: the staged schema the task's files were written with (JSON) and the schema
     # it evolved from. The commit may run on a plan made by another planning call (streaming:

@@ -103,18 +103,19 @@ def retrying(call: Callable[[], T], *, what: str, catalog: str, budget: RetryBud
             elapsed_ms = (time.monotonic() - started) * 1000
             if attempt >= budget.retries or elapsed_ms >= budget.total_ms:
                 raise CatalogUnavailable(
-                    f"{catalog} kept failing while {what}: {type(exc).__name__}: {_first_line(exc)} "
+                    f"{catalog} kept failing while {what}: {type(exc).__name__}: {first_line(exc)} "
                     f"({attempt + 1} attempt(s) over {elapsed_ms / 1000:.0f} s). Check that the catalog service is up and "
                     "reachable (for the embedded SQLite catalog: that no other process holds catalog.db locked); to wait "
                     "longer, raise table properties commit.retry.num-retries and commit.retry.min-wait-ms",
                     exc, attempt + 1,
                 ) from exc
             wait = budget.wait_seconds(attempt)
-            log.warning("lakesink: %s is unavailable while %s (%s); retrying in %.1f s", catalog, what, _first_line(exc), wait)
+            log.warning("lakesink: %s is unavailable while %s (%s); retrying in %.1f s", catalog, what, first_line(exc), wait)
             time.sleep(wait)
             attempt += 1
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message (drivers and pydantic add many)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

@@ -30,7 +30,7 @@ from pyroaring import BitMap64
 from lakesink_datasource.arrays import unique_sorted
 from lakesink_datasource.catalog import loader, sql_commit
 from lakesink_datasource.catalog.errors import CatalogError, CatalogUnavailable
-from lakesink_datasource.catalog.transient import RetryBudget, is_transient, retrying
+from lakesink_datasource.catalog.transient import RetryBudget, first_line, is_transient, retrying
 from lakesink_datasource.commit import cleanup
 from lakesink_datasource.commit.data_files import data_file
 from lakesink_datasource.commit.deletion_vectors import PendingDeletes
@@ -44,11 +44,12 @@ from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg import summary_keys as keys
 from lakesink_datasource.iceberg.expiry import snapshots_to_expire
 from lakesink_datasource.iceberg.partition_key import decode_partition
-from lakesink_datasource.iceberg.properties import TableSettings
+from lakesink_datasource.iceberg.properties import TOMBSTONE_MAX_SEQUENCE, TableSettings
 from lakesink_datasource.messages import TaskResult, TaskStats
 from lakesink_datasource.options import WriteOptions
 from lakesink_datasource.table import idempotency
 from lakesink_datasource.table.plan import WritePlan
+from lakesink_datasource.table.tombstone_table import unstored_tombstone_snapshots
 from lakesink_datasource.version import __version__
 
 log = logging.getLogger("lakesink")
@@ -163,10 +164,18 @@ def _refuse_keys_across_a_rebuilt_index(results: list[TaskResult]) -> None:
                 )
 
 
-def _pending_properties(plan: WritePlan, base: TableMetadata, query_id: str | None, batch_id: int | None) -> dict[str, str]:
+def _pending_properties(
+    plan: WritePlan, base: TableMetadata, query_id: str | None, batch_id: int | None, tombstone_max: bytes | None = None
+) -> dict[str, str]:
     """Table properties this commit sets: the write's `property.<key>` options that differ from
-    the table's, and the query's last committed epoch (replay detection that survives expiry)."""
+    the table's, the query's last committed epoch (replay detection that survives expiry),
+    and the highest sequence a delete of the table ever carried (a key index rebuilt without
+    the stored tombstones must assume one up to it, see index/sync.py)."""
     wanted = dict(plan.options.table_properties)
+    if tombstone_max is not None:
+        recorded = base.properties.get(TOMBSTONE_MAX_SEQUENCE)
+        if recorded is None or bytes.fromhex(recorded) < tombstone_max:
+            wanted[TOMBSTONE_MAX_SEQUENCE] = tombstone_max.hex()
     if query_id is not None and batch_id is not None:
         wanted[idempotency.last_epoch_property(query_id)] = str(batch_id)
     if plan.options.txn_app_id is not None:
@@ -212,6 +221,7 @@ def _written_spec(results: list[TaskResult]) -> int | None:
 def _attempt(
     producer: SnapshotProducer, plan: WritePlan, table: Table, attempt: int, extra: dict[str, str],
     query_id: str | None, batch_id: int | None, written: _WrittenSchema | None = None, spec_id: int | None = None,
+    tombstone_max: bytes | None = None,
 ) -> PreparedCommit:
     base = table.metadata
     expired: list[int] = []
@@ -220,6 +230,10 @@ def _attempt(
         settings = TableSettings.of({**base.properties, **plan.options.table_properties}, base.location)
         now_ms = int(time.time() * 1000)
         expired = snapshots_to_expire(base, now_ms, settings.max_snapshot_age_ms, settings.min_snapshots_to_keep, adds_head=True)
+        # A snapshot naming tombstones the companion table does not hold yet is their only
+        # copy: it stays until they are stored.
+        kept = unstored_tombstone_snapshots(table, plan.identifier, expired)
+        expired = [s for s in expired if s not in kept]
     schema: Schema | None = None
     layout_changes: list[TableUpdate] = []
     if written is not None:
@@ -228,7 +242,7 @@ def _attempt(
         layout_changes += default_spec_updates(base, spec_id)
     snapshot = producer.produce(base, attempt, extra, schema=schema)
     return PreparedCommit(
-        base, snapshot, _pending_properties(plan, base, query_id, batch_id), expired, plan.options.branch, layout_changes
+        base, snapshot, _pending_properties(plan, base, query_id, batch_id, tombstone_max), expired, plan.options.branch, layout_changes
     )
 
 
@@ -309,6 +323,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
     tombstones = sorted(r.tombstones for r in results if r.tombstones)
     if tombstones:
         extra[keys.TOMBSTONES] = ",".join(tombstones)
+    tombstone_max = max((r.tombstone_max_sequence for r in results if r.tombstone_max_sequence is not None), default=None)
     settings = _write_settings(plan, metadata)
     budget = RetryBudget.of(settings)
     deadline = time.monotonic() + settings.commit_total_retry_time_ms / 1000
@@ -327,7 +342,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
                 if not is_transient(exc):
                     raise
                 unavailable = exc
-                log.warning("lakesink: commit attempt %d: %s did not answer (%s)", attempt_number + 1, catalog_name, _first_line(exc))
+                log.warning("lakesink: commit attempt %d: %s did not answer (%s)", attempt_number + 1, catalog_name, first_line(exc))
                 if time.monotonic() > deadline:
                     break
                 continue
@@ -342,7 +357,9 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
         fault_point("before_commit", batch_id)
         extra[keys.COMMIT_PREPARE_SECONDS] = f"{time.perf_counter() - started:.3f}"
         try:
-            attempt = _attempt(producer, plan, table, attempt_number, extra, query_id, batch_id, written_schema, written_spec)
+            attempt = _attempt(
+                producer, plan, table, attempt_number, extra, query_id, batch_id, written_schema, written_spec, tombstone_max
+            )
         except ConflictError as exc:
             producer.cleanup(committed_attempt=None)
             raise CommitError(str(exc)) from exc
@@ -358,7 +375,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
             # The swap may or may not have landed (a reply lost on the way back): the table,
             # reloaded before the next attempt, says which by this write's id.
             unavailable = exc
-            log.warning("lakesink: commit attempt %d: %s did not answer (%s)", attempt_number + 1, catalog_name, _first_line(exc))
+            log.warning("lakesink: commit attempt %d: %s did not answer (%s)", attempt_number + 1, catalog_name, first_line(exc))
         else:
             return _committed(plan, producer, attempt, committed, table, attempt_number, batch_id, stats, delta, started)
         fresh = False
@@ -369,7 +386,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
         # this batch looks at the table and knows).
         raise CatalogUnavailable(
             f"could not commit to {plan.identifier}: {catalog_name} kept failing ({type(unavailable).__name__}: "
-            f"{_first_line(unavailable)}) over {attempts} attempt(s). Check that the catalog service is up and reachable "
+            f"{first_line(unavailable)}) over {attempts} attempt(s). Check that the catalog service is up and reachable "
             "(for the embedded SQLite catalog: that no other process holds catalog.db locked); to wait longer, raise table "
             "properties commit.retry.num-retries and commit.retry.min-wait-ms. Restarting the query is safe: a batch "
             "that did land is recognised and not written twice",
@@ -380,11 +397,6 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
         f"could not commit to {plan.identifier} after {attempts} attempts: other writers kept committing first "
         f"(raise table property commit.retry.num-retries, now {settings.commit_num_retries}, to wait longer)"
     )
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _committed(

@@ -47,6 +47,9 @@ ORPHAN_MIN_AGE_MS: Final = "lakesink.maintenance.orphan-min-age-ms"
 ORPHAN_INTERVAL_MS: Final = "lakesink.maintenance.orphan-interval-ms"
 COMPACTION_MIN_BUDGET_BYTES: Final = "lakesink.maintenance.compaction-min-bytes-per-batch"
 COMPACTION_BATCHES_PER_RUN: Final = "lakesink.maintenance.compaction-batches-per-run"
+# The highest sequence any sequenced delete of the table ever carried (order-preserving key
+# encoding, hex): what a key index that cannot read the stored tombstones must assume.
+TOMBSTONE_MAX_SEQUENCE: Final = "lakesink.tombstones.max-sequence"
 
 PARQUET_CODECS: Final = ("zstd", "snappy", "gzip", "lz4", "brotli", "uncompressed")
 # Iceberg's Avro codec names -> the Avro container's names (pyiceberg's AvroOutputFile).

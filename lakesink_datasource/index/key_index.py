@@ -106,6 +106,10 @@ class IndexState(msgspec.Struct, frozen=True):
     query_id: str | None = None
     batch_id: int | None = None
     sequence_number: int | None = None  # the snapshot's, to recognise it once it expired
+    # Set when the index was rebuilt without the companion table's tombstones (unreadable):
+    # the highest sequence a delete the index cannot see may have (encoded). A change to a
+    # key the index does not hold, at or below it, cannot be decided and is refused.
+    tombstone_floor: bytes | None = None
 
 
 # ------------------------------------------------------------------------------ packing

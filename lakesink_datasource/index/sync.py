@@ -51,6 +51,7 @@ from lakesink_datasource.iceberg.live_files import (
 )
 from lakesink_datasource.iceberg.manifests import data_file_first_row_id
 from lakesink_datasource.iceberg.partition_key import encode_partition
+from lakesink_datasource.iceberg.properties import TOMBSTONE_MAX_SEQUENCE
 from lakesink_datasource.iceberg.row_lineage import read_with_row_ids, row_ids
 from lakesink_datasource.iceberg.summary_keys import HOSTS, TOMBSTONES, WRITE_ID
 from lakesink_datasource.index.file_refs import FileRef, encode_ref
@@ -124,18 +125,31 @@ def index_files(
     return indexed
 
 
-# A source of stored tombstone rows (key columns + SEQUENCE): the companion table.
+# A source of stored tombstone rows (key columns + SEQUENCE): the companion table. Returns
+# None when there is none; raises TombstonesUnreadable when it exists but cannot be read.
 StoredTombstones = Callable[[], pa.Table | None]
+
+
+class TombstonesUnreadable(RuntimeError):
+    """The companion table of tombstones exists but cannot be read."""
+
+
+def tombstone_floor(metadata: TableMetadata) -> bytes:
+    """The highest sequence a sequenced delete of the table ever carried (encoded); for a
+    table written before lakesink recorded it, above every sequence (0xFF...)."""
+    raw = metadata.properties.get(TOMBSTONE_MAX_SEQUENCE)
+    return bytes.fromhex(raw) if raw else b"\xff" * 64
 
 
 def restore_tombstones(
     index: ShardedIndex, io: FileIO, metadata: TableMetadata, columns: KeyColumns, token: str, stored: StoredTombstones | None = None
-) -> int:
+) -> bool:
     """Re-create the tombstones of sequenced deletes for keys that are not live, from the
     companion table's rows and the tombstone files named in the current snapshot's ancestors
-    (those not stored yet): the highest deleted sequence per key is kept."""
+    (those not stored yet): the highest deleted sequence per key is kept. False when the
+    companion table could not be read (deletes whose snapshots expired are then unknown)."""
     if columns.sequence is None:
-        return 0
+        return True
     newest: dict[bytes, bytes] = {}
 
     def add(table: pa.Table) -> None:
@@ -146,7 +160,13 @@ def restore_tombstones(
             if key not in newest or newest[key] < seq:
                 newest[key] = seq
 
-    rows = stored() if stored is not None else None
+    readable = True
+    try:
+        rows = stored() if stored is not None else None
+    except TombstonesUnreadable as exc:
+        log.warning("lakesink: rebuilding key index %s without the stored tombstones (%s): changes to keys it does not "
+                    "hold, with a sequence at or below the highest delete's, are refused until the tombstones can be read", index.path, exc)
+        rows, readable = None, False
     if rows is not None:
         add(rows)
     for snapshot in reversed(list(ancestors(metadata))):
@@ -158,13 +178,12 @@ def restore_tombstones(
             except FileNotFoundError:
                 if rows is None:
                     log.warning("lakesink: tombstone file %s is gone and no companion table holds it; its deletes are forgotten", path)
-    if not newest:
-        return 0
-    keys = list(newest)
-    found = index.lookup(keys)
-    puts = [(k, Location(TOMBSTONE, 0, newest[k])) for k, loc in zip(keys, found) if loc is None]
-    index.apply(token, puts, [])
-    return len(puts)
+    if newest:
+        keys = list(newest)
+        found = index.lookup(keys)
+        puts = [(k, Location(TOMBSTONE, 0, newest[k])) for k, loc in zip(keys, found) if loc is None]
+        index.apply(token, puts, [])
+    return readable
 
 
 def rebuild(
@@ -174,17 +193,29 @@ def rebuild(
     index.clear()
     entries = live_data_files(io, snapshot)
     rows = index_files(index, io, metadata, [(e.data_file, e.sequence_number or 0) for e in entries], columns)
-    restore_tombstones(index, io, metadata, columns, _REBUILD_TOKEN, stored)
-    index.commit_tokens([_REBUILD_TOKEN], _state(metadata, snapshot))
+    readable = restore_tombstones(index, io, metadata, columns, _REBUILD_TOKEN, stored)
+    index.commit_tokens([_REBUILD_TOKEN], _state(metadata, snapshot, None if readable else tombstone_floor(metadata)))
     log.info("lakesink: rebuilt key index %s from snapshot %s: %d keys from %d files", index.path, snapshot and snapshot.snapshot_id, rows, len(entries))
 
 
-def _state(metadata: TableMetadata, snapshot: Snapshot | None) -> IndexState:
+def _state(metadata: TableMetadata, snapshot: Snapshot | None, floor: bytes | None = None) -> IndexState:
     return IndexState(
         table_uuid=str(metadata.table_uuid),
         snapshot_id=snapshot.snapshot_id if snapshot else None,
         sequence_number=snapshot.sequence_number if snapshot else None,
+        tombstone_floor=floor,
     )
+
+
+def _floor_lifted(stored: StoredTombstones | None) -> bool:
+    """Whether the stored tombstones an earlier rebuild could not read can be read now."""
+    if stored is None:
+        return True
+    try:
+        stored()
+    except TombstonesUnreadable:
+        return False
+    return True
 
 
 def _path_since(metadata: TableMetadata, state: IndexState) -> list[Snapshot] | None:
@@ -232,6 +263,12 @@ def sync(
         # may be ahead of this task's snapshot. Replaying toward the same target would put
         # them again; toward another one, only a rebuild is exact.
         log.warning("lakesink: key index %s was interrupted catching up to %s; rebuilding it", index.path, unfinished)
+        _rollback_uncommitted(index, write_id, committed=set())
+        rebuild(index, io, metadata, columns, stored)
+        return
+    if state is not None and state.tombstone_floor is not None and _floor_lifted(stored):
+        # The index was rebuilt without the stored tombstones, which can be read again.
+        log.info("lakesink: the stored tombstones of key index %s can be read again; rebuilding it with them", index.path)
         _rollback_uncommitted(index, write_id, committed=set())
         rebuild(index, io, metadata, columns, stored)
         return
@@ -285,7 +322,8 @@ def sync(
         if not catching_up:
             index.begin_catch_up(target_name)  # the fold writes without undo, as a catch-up does
         fold_moves(index, io, metadata, columns)
-    index.set_state(_state(metadata, target))
+    assert state is not None  # a path was found from it
+    index.set_state(_state(metadata, target, state.tombstone_floor))
 
 
 def _file_row_ids(io: FileIO, data_file: DataFile) -> np.ndarray:

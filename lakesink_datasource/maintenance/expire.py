@@ -17,6 +17,7 @@ from lakesink_datasource.commit.cleanup import delete_files, dropped_metadata_fi
 from lakesink_datasource.commit.swap import PreparedCommit, swap_in
 from lakesink_datasource.iceberg.expiry import snapshots_to_expire, unreachable_files
 from lakesink_datasource.iceberg.properties import TableSettings
+from lakesink_datasource.table.tombstone_table import SUFFIX, unstored_tombstone_snapshots
 
 _ATTEMPTS = 5
 
@@ -44,6 +45,11 @@ def expire_snapshots(
         now = int(time.time() * 1000) if now_ms is None else now_ms
         age = settings.max_snapshot_age_ms if max_age_ms is None else max_age_ms
         expired = snapshots_to_expire(metadata, now, age, settings.min_snapshots_to_keep)
+        identifier = ".".join(table.name())
+        if not identifier.endswith(SUFFIX):
+            # A snapshot naming tombstones its companion does not hold yet is their only copy.
+            kept_back = unstored_tombstone_snapshots(table, identifier, expired)
+            expired = [s for s in expired if s not in kept_back]
         gone = unreachable_files(table.io, metadata, expired)
         kept = len(metadata.snapshots) - len(expired)
         if dry_run or not expired:

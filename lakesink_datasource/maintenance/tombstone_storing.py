@@ -18,6 +18,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
 from pyiceberg.table import Table
 
+from lakesink_datasource.catalog.transient import first_line, retrying
 from lakesink_datasource.commit.append_rows import append_rows
 from lakesink_datasource.iceberg.history import ancestors
 from lakesink_datasource.iceberg.live_files import live_data_files
@@ -65,7 +66,8 @@ def _create_companion(catalog: Catalog, identifier: str, schema: pa.Schema) -> T
 
 def store_tombstones(catalog: Catalog, identifier: str, table: Table | None = None) -> int:
     """Append the not yet stored tombstones of `identifier` (`table`, when the caller has it
-    loaded) to its companion; returns rows."""
+    loaded) to its companion; returns rows. Raises when they cannot be stored; the
+    companion's own upkeep (expiry, compaction) afterwards only logs its failures."""
     table = table or catalog.load_table(identifier)
     companion = load_companion(catalog, identifier)
     files, newest = _pending_files(table, stored_through(companion))
@@ -86,11 +88,15 @@ def store_tombstones(catalog: Catalog, identifier: str, table: Table | None = No
     # The mark is a table property set by the same commit: it survives any engine's
     # compaction and expiry of the companion, which keep table properties.
     companion = append_rows(companion, rows, properties={STORED_THROUGH: str(newest)})
-    if len(companion.metadata.snapshots) > KEEP_SNAPSHOTS:
-        expire_snapshots(companion, max_age_ms=0)
-        companion = companion.refresh()
-    if _live_files(companion) >= COMPACT_AT_FILES:
-        compact(companion, budget_bytes=1 << 40, tiered=False)
+    try:
+        if len(companion.metadata.snapshots) > KEEP_SNAPSHOTS:
+            expire_snapshots(companion, max_age_ms=0)
+            companion = companion.refresh()
+        if _live_files(companion) >= COMPACT_AT_FILES:
+            compact(companion, budget_bytes=1 << 40, tiered=False)
+    except Exception:
+        # The rows are stored; a companion left untidied is tidied by a later run.
+        log.warning("lakesink: could not compact or expire %s", companion_identifier(identifier), exc_info=True)
     return rows.num_rows
 
 
@@ -102,9 +108,32 @@ def _live_files(companion: Table) -> int:
     return int(total) if total is not None else len(live_data_files(companion.io, snapshot))
 
 
+class TombstonesNotDurable(RuntimeError):
+    """The tombstones of earlier batches cannot be stored: a sequenced batch does not commit."""
+
+
+def store_tombstones_before_commit(catalog: Catalog, identifier: str, catalog_name: str) -> None:
+    """Before a sequenced batch commits: store every earlier batch's tombstones, or refuse
+    the batch. Its commit may expire the snapshots naming them (and other engines' expiry
+    and orphan removal drop those files), so deletes whose only copy would go must reach
+    the companion table first."""
+    try:
+        stored = retrying(lambda: store_tombstones(catalog, identifier), what=f"storing the tombstones of {identifier}", catalog=catalog_name)
+    except Exception as exc:
+        raise TombstonesNotDurable(
+            f"the deletes of {identifier} cannot be stored in its tombstone table {companion_identifier(identifier)} "
+            f"({type(exc).__name__}: {first_line(exc)}); a sequenced batch does not commit while its deletes cannot be made durable "
+            "(a deleted key could come back once their snapshots expire). Repair the tombstone table: python -m "
+            f"lakesink_datasource.maintain repair-tombstones {identifier} ... (nothing of this batch was committed)"
+        ) from exc
+    if stored:
+        log.info("lakesink: stored %d tombstone(s) of %s in %s", stored, identifier, companion_identifier(identifier))
+
+
 def store_tombstones_safely(catalog: Catalog, identifier: str, table: Table | None = None) -> None:
-    """`store_tombstones`, logging instead of raising: a batch must not fail because its
-    deletes could not be copied yet (its summary still names them; the next run retries)."""
+    """After a batch's commit: `store_tombstones`, logging instead of raising (the batch
+    landed; its snapshot names its tombstones, kept from lakesink's expiry until stored,
+    and the next batch does not commit before they are)."""
     try:
         stored = store_tombstones(catalog, identifier, table)
         if stored:

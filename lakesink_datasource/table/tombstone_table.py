@@ -17,10 +17,17 @@ snapshot after that mark, so a process that died between the two commits loses n
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
+
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
+
+from lakesink_datasource.iceberg.summary_keys import TOMBSTONES
+
+log = logging.getLogger("lakesink")
 
 SUFFIX = "__lakesink_tombstones"
 STORED_THROUGH = "lakesink.stored-through"  # companion property: main sequence number stored up to
@@ -42,6 +49,24 @@ def stored_through(companion: Table | None) -> int:
     if companion is None:
         return -1
     return int(companion.metadata.properties.get(STORED_THROUGH, -1))
+
+
+def unstored_tombstone_snapshots(table: Table, identifier: str, candidates: Iterable[int]) -> set[int]:
+    """Which of the snapshots `candidates` name tombstone files the companion table does not
+    hold yet (all that name any, when the companion cannot be read)."""
+    named = {
+        s.snapshot_id: s.sequence_number or 0
+        for s in table.metadata.snapshots
+        if s.snapshot_id in set(candidates) and s.summary is not None and s.summary.additional_properties.get(TOMBSTONES)
+    }
+    if not named:
+        return set()
+    try:
+        through = stored_through(load_companion(table.catalog, identifier))
+    except Exception:
+        log.warning("lakesink: cannot read %s; snapshots naming tombstones are kept from expiry", companion_identifier(identifier), exc_info=True)
+        return set(named)
+    return {snapshot_id for snapshot_id, sequence in named.items() if sequence > through}
 
 
 def read_stored(catalog: Catalog, identifier: str) -> pa.Table | None:

@@ -50,6 +50,7 @@ from lakesink_datasource.index.sync import (
     SEQUENCE,
     TOMBSTONE,
     KeyColumns,
+    TombstonesUnreadable,
     default_index_dir,
     index_owner,
     sync,
@@ -60,8 +61,8 @@ from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
 from lakesink_datasource.messages import PositionDeletesMessage
 from lakesink_datasource.schema.arrow_align import BatchAligner
 from lakesink_datasource.table.plan import WritePlan, write_spec
-from lakesink_datasource.table.tombstone_table import read_stored
-from lakesink_datasource.write.changes import Changes, resolve_changes
+from lakesink_datasource.table.tombstone_table import companion_identifier, read_stored
+from lakesink_datasource.write.changes import Changes, KeyedInputError, resolve_changes
 
 log = logging.getLogger("lakesink")
 
@@ -98,12 +99,10 @@ class KeyedWriter:
         def stored() -> pa.Table | None:
             try:
                 return read_stored(loader.load(plan.catalog), plan.identifier)
-            except Exception:  # the catalog may be out of an executor's reach
-                # Fall back to the tombstone files the retained snapshots name, and say so:
-                # deletes whose snapshots expired are then not known to this rebuild.
-                log.warning("lakesink: cannot read %s from this host; rebuilding the key index without it",
-                            f"{plan.identifier}__lakesink_tombstones", exc_info=True)
-                return None
+            except Exception as exc:  # a damaged companion, or a catalog out of an executor's reach
+                # The rebuild then knows only the tombstone files the retained snapshots name:
+                # it refuses the changes that deletes it cannot see could have overruled.
+                raise TombstonesUnreadable(f"{companion_identifier(plan.identifier)}: {type(exc).__name__}: {exc}") from exc
 
         started = time.perf_counter()
         self.healed = False  # the index was damaged and rebuilt from the table by this task
@@ -124,6 +123,9 @@ class KeyedWriter:
                     attempt=attempt, stored=stored,
                 )
         self.index_seconds = time.perf_counter() - started
+        state = self._index.get_state()
+        self._floor = state.tombstone_floor if state is not None else None
+        self.tombstone_max: bytes | None = None  # the highest sequence this task's deletes carry (encoded)
         self._ordinals: dict[str, int] = {}  # encoded FileRef -> ordinal (this task's new files)
         self._hidden: dict[int, list[np.ndarray]] = defaultdict(list)  # ordinal -> positions
         self._hashes: list[np.ndarray] = []
@@ -174,7 +176,9 @@ class KeyedWriter:
                 names = list(keyed.table_key_columns)
                 self._tombstones.append(picked.select([*names, keyed.sequence_source]).rename_columns([*names, SEQUENCE]))
                 changed.append(tombstones)
-                values += pack_positions(TOMBSTONE, np.zeros(len(tombstones), dtype=np.uint64), take_items(part.sequences, tombstones))
+                sequences = take_items(part.sequences, tombstones)
+                values += pack_positions(TOMBSTONE, np.zeros(len(tombstones), dtype=np.uint64), sequences)
+                self.tombstone_max = max([*sequences, *([self.tombstone_max] if self.tombstone_max is not None else [])])
             chosen = np.flatnonzero(write_mask)
             if len(chosen):
                 placed, packed = self._place(aligned.take(pa.array(part.rows[chosen])), chosen, part.sequences, ordinal_of)
@@ -198,6 +202,8 @@ class KeyedWriter:
             indexed = np.array(found.sequence, dtype=object)
             has = np.fromiter(map(operator.is_not, found.sequence, repeat(None)), dtype=bool, count=n)
             older = has & (np.where(has, indexed, b"") > np.array(changes.sequences, dtype=object)).astype(bool)
+        if self._floor is not None and changes.sequences is not None:
+            self._refuse_undecidable(changes, found)
         live = found.present & (found.ordinal != TOMBSTONE) & ~older
         self.rows_ignored += int(older.sum())
         if self._plan.options.operation == "dedupe":
@@ -212,6 +218,23 @@ class KeyedWriter:
             # bring the key back.
             return ~older & ~changes.is_delete, np.flatnonzero(deleting), none
         return ~older & ~changes.is_delete, none, np.flatnonzero(deleting & live)
+
+    def _refuse_undecidable(self, changes: Changes, found: Found) -> None:
+        """With the stored tombstones unreadable, a change to a key the index does not hold,
+        at or below the highest delete's sequence, may be older than a delete the index
+        cannot see: applying it could bring a deleted key back."""
+        assert changes.sequences is not None and self._floor is not None
+        floor = self._floor
+        undecidable = [s for s, here in zip(changes.sequences, found.present.tolist()) if not here and s <= floor]
+        if undecidable:
+            raise KeyedInputError(
+                f"{len(undecidable)} change(s) of this batch are for keys the key index does not hold, with a sequence at or "
+                f"below the highest sequence a delete of {self._plan.identifier} ever had; the index was rebuilt without its "
+                f"stored tombstones ({companion_identifier(self._plan.identifier)} cannot be read), so whether a later delete "
+                "of those keys is hidden there is unknown, and lakesink does not risk bringing deleted keys back. Repair the "
+                f"tombstone table: python -m lakesink_datasource.maintain repair-tombstones {self._plan.identifier} ... "
+                "(nothing of this batch was committed)"
+            )
 
     def _hide(self, ordinals: np.ndarray, positions: np.ndarray) -> None:
         if not len(ordinals):

@@ -232,5 +232,5 @@ def write_task(
     tombstones = keyed.write_tombstones(io, f"{data_dir}/{TOMBSTONE_DIR}/{plan.write_id}-{who.partition_id:05d}-{who.attempt}.parquet")
     return result(
         data_files=files, stats=stats, position_deletes=keyed.position_deletes(), host=keyed.host,
-        key_hashes=keyed.key_hashes(), tombstones=tombstones, index_healed=keyed.healed,
+        key_hashes=keyed.key_hashes(), tombstones=tombstones, tombstone_max_sequence=keyed.tombstone_max, index_healed=keyed.healed,
     )

@@ -3,6 +3,7 @@ the user's write meets, and the table read back by DuckDB and pyiceberg."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import uuid
@@ -223,3 +224,86 @@ def test_a_postgres_catalog_restart_during_the_commit_is_ridden_out(spark, tmp_p
     assert pyiceberg_rows(loaded, ["id", "name"]) == expected
     assert duckdb_rows(loaded.metadata_location, ["id", "name"]) == expected
     assert len(loaded.metadata.snapshots) == 2
+
+
+# ----------------------------------------------------------------- a damaged tombstone table
+
+CDC_COLUMNS = ["id", "v", "seq"]
+
+
+def _cdc(spark, warehouse: str, index_dir: Path, rows: list[tuple[int, str, str, int]], **extra: str) -> None:  # type: ignore[no-untyped-def]
+    options = {"warehouse": warehouse, "table": "db.k", "operation": "cdc", "primary_key": "id", "op_column": "op",
+               "sequence_column": "seq", "index_dir": str(index_dir), **extra}
+    spark.createDataFrame(rows, "id long, v string, op string, seq long").write.format("lakesink").options(**options).mode("append").save()
+
+
+def _cdc_model(batches: list[list[tuple[int, str, str, int]]]) -> list[dict]:
+    live: dict[int, dict] = {}
+    latest: dict[int, int] = {}
+    for batch in batches:
+        for key, v, op, seq in sorted(batch, key=lambda r: r[3]):
+            if latest.get(key, -1) > seq:
+                continue
+            latest[key] = seq
+            if op == "d":
+                live.pop(key, None)
+            else:
+                live[key] = {"id": key, "v": v, "seq": seq}
+    return list(live.values())
+
+
+INSERTS = [(k, f"v{k}", "c", 1) for k in range(10)]
+DELETES = [(k, "", "d", 5) for k in range(5)]
+LATE = [(0, "late", "c", 3)]  # older than key 0's delete: must never bring it back
+
+
+def test_a_companion_whose_metadata_is_damaged_stops_sequenced_batches_until_repaired(spark, tmp_path: Path, warehouse: str) -> None:
+    index_dir = tmp_path / "index"
+    _cdc(spark, warehouse, index_dir, INSERTS)
+    _cdc(spark, warehouse, index_dir, DELETES)
+    companion = embedded_catalog(warehouse).load_table("db.k__lakesink_tombstones")
+    Path(companion.metadata_location.removeprefix("file://")).write_text("{not json")  # damaged on disk
+    before = load(warehouse, "db.k").metadata.current_snapshot().snapshot_id
+
+    update = [(9, "v9-b", "u", 6)]
+    with pytest.raises(Exception, match=r"cannot be stored in its tombstone table db\.k__lakesink_tombstones .*maintain repair-tombstones db\.k"):
+        _cdc(spark, warehouse, index_dir, update)
+    assert load(warehouse, "db.k").metadata.current_snapshot().snapshot_id == before
+
+    assert maintain_main(["repair-tombstones", "db.k", "--warehouse", warehouse]) == 0  # nothing lost: older metadata + snapshots
+    _cdc(spark, warehouse, index_dir, update)
+    shutil.rmtree(index_dir)  # the next batch rebuilds the index, with the repaired tombstones
+    _cdc(spark, warehouse, index_dir, LATE)
+    expected = _cdc_model([INSERTS, DELETES, update, LATE])
+    assert_readers_see(warehouse, "db.k", expected_rows(expected, CDC_COLUMNS), CDC_COLUMNS)
+
+
+def test_a_rebuild_that_cannot_read_the_tombstones_refuses_late_changes_it_cannot_decide(spark, tmp_path: Path, warehouse: str) -> None:
+    """The issue's data loss: the companion's rows unreadable, the snapshots that named the
+    tombstone files expired, the key index deleted: late older changes used to bring all
+    deleted keys back. The rebuilt index now refuses changes to keys it does not hold at
+    or below the highest delete's sequence, and takes everything else."""
+    index_dir = tmp_path / "index"
+    expire = {"property.history.expire.max-snapshot-age-ms": "1"}
+    _cdc(spark, warehouse, index_dir, INSERTS, **expire)
+    _cdc(spark, warehouse, index_dir, DELETES, **expire)
+    _cdc(spark, warehouse, index_dir, [(8, "v8-b", "u", 6)], **expire)
+    table = load(warehouse, "db.k")
+    assert not any(s.summary and s.summary.additional_properties.get("lakesink.tombstones") for s in table.metadata.snapshots), \
+        "the snapshots naming the tombstone files should have expired (their tombstones were stored)"
+    companion = embedded_catalog(warehouse).load_table("db.k__lakesink_tombstones")
+    for entry in companion.inspect.files().to_pylist():
+        Path(entry["file_path"].removeprefix("file://")).unlink()  # the companion's rows are lost
+    shutil.rmtree(index_dir)
+
+    newer = [(9, "v9-b", "u", 7), (20, "v20", "c", 9)]  # a live key, and a new key above every delete
+    _cdc(spark, warehouse, index_dir, newer)
+    before = load(warehouse, "db.k").metadata.current_snapshot().snapshot_id
+    with pytest.raises(Exception, match=r"1 change\(s\) of this batch are for keys the key index does not hold.*repair-tombstones db\.k"):
+        _cdc(spark, warehouse, index_dir, LATE)
+    assert load(warehouse, "db.k").metadata.current_snapshot().snapshot_id == before
+    expected = _cdc_model([INSERTS, DELETES, [(8, "v8-b", "u", 6)], newer])
+    assert_readers_see(warehouse, "db.k", expected_rows(expected, CDC_COLUMNS), CDC_COLUMNS)
+    # The repair says what is lost and waits to be told.
+    assert maintain_main(["repair-tombstones", "db.k", "--warehouse", warehouse]) == 1
+    assert maintain_main(["repair-tombstones", "db.k", "--warehouse", warehouse, "--accept-loss"]) == 0
