@@ -53,14 +53,15 @@ class LakeSinkDataSource(DataSource):
         # the columns of its time) and by CREATE TABLE ... USING lakesink without a column
         # list (which passes write options: only the read ones are looked at).
         from lakesink_datasource.read.options import read_subset
-        from lakesink_datasource.read.scan import ReadError, resolve_state
+        from lakesink_datasource.read.scan import NoSuchTable, resolve_state
         from lakesink_datasource.schema.iceberg_to_spark import iceberg_to_spark
 
         options = parse_read_options(read_subset(self.options))
         try:
             state = resolve_state(options)
-        except ReadError as exc:
-            raise ReadError(f"{exc}: give the columns in CREATE TABLE, or write to the table first") from None
+        except NoSuchTable as exc:
+            # Only a missing table has this way out; a bad snapshot or timestamp says its own.
+            raise NoSuchTable(f"{exc}: give the columns in CREATE TABLE, or write to the table first") from None
         schema = iceberg_to_spark(state.schema)
         if options.read_changes:
             schema = schema.add(CHANGE_TYPE, "string", nullable=False).add(COMMIT_SNAPSHOT_ID, "long", nullable=False)

@@ -114,8 +114,7 @@ def maintain_table(
         )
         progress.finish()
         table = table.refresh()
-        verb = "would rewrite" if dry_run else "compaction"
-        report.lines.append(f"{verb}: {report.compaction.describe()}" if report.compaction.skipped_reason != "nothing to compact"
+        report.lines.append(f"compaction: {report.compaction.describe()}" if report.compaction.skipped_reason != "nothing to compact"
                             else "compaction: nothing to compact")
     if action in ("expire", "all"):
         if not dry_run:

@@ -87,6 +87,9 @@ class TaskResult(msgspec.Struct, frozen=True):
     # evolve_partition: the staged partition spec the files were written with (None: the
     # table's default spec when the batch was planned); the commit makes it the default.
     write_spec_id: int | None = None
+    # Spark's session setting spark.sql.sources.partitionOverwriteMode as the task saw it
+    # (Spark hands a session's explicitly set SQL settings to tasks, not to the planner).
+    session_overwrite_mode: str | None = None
 
 
 _encoder = msgspec.msgpack.Encoder()

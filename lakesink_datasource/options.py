@@ -56,8 +56,9 @@ class WriteOptions(TableTarget, frozen=True, kw_only=True):
     txn_version: int | None = None
     branch: str | None = None  # None: main
     # mode("overwrite"): static replaces the whole table, dynamic only the partitions the
-    # DataFrame writes to; replace_where only the rows matching a filter.
-    overwrite_mode: str = "static"
+    # DataFrame writes to; replace_where only the rows matching a filter. None: not given,
+    # Spark's session setting spark.sql.sources.partitionOverwriteMode decides (else static).
+    overwrite_mode: str | None = None
     replace_where: str | None = None
     merge_schema: bool = False  # evolve the table's schema to accept the DataFrame, with the write
     evolve_partition: bool = False  # a partition_by that differs from the table's spec becomes its new default
@@ -217,8 +218,8 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
     maintenance = values.get("maintenance", "auto").strip().lower()
     if maintenance not in MAINTENANCE_MODES:
         raise OptionError(f"option 'maintenance' must be one of {', '.join(MAINTENANCE_MODES)}, got {maintenance!r}")
-    overwrite_mode = values.get("overwrite_mode", "static").strip().lower()
-    if overwrite_mode not in OVERWRITE_MODES:
+    overwrite_mode = values.get("overwrite_mode", "").strip().lower() or None
+    if overwrite_mode is not None and overwrite_mode not in OVERWRITE_MODES:
         raise OptionError(f"option 'overwrite_mode' must be one of {', '.join(OVERWRITE_MODES)}, got {overwrite_mode!r}")
     replace_where = values.get("replace_where", "").strip() or None
     if replace_where is not None and overwrite_mode == "dynamic":

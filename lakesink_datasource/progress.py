@@ -30,12 +30,16 @@ def describe_batch(table: str, batch_id: int | None, outcome: CommitOutcome, com
         return f"{what}: {outcome.skipped_reason}; nothing committed"
     s = outcome.stats
     deleted = f" ({s.rows_deleted:,} keys deleted)" if s.rows_deleted else ""
+    # Format version 2 tables get position-delete files where version 3 gets deletion vectors.
+    deletes = "DVs" if outcome.table is None or outcome.table.metadata.format_version >= 3 else "position-delete files"
     line = (
         f"{what}: {s.rows_in:,} rows in, {s.rows_written:,} written, {outcome.rows_hidden:,} old rows hidden{deleted}"
-        f" | {outcome.data_files} files, {outcome.deletion_vectors} DVs, {_size(s.bytes_written)}"
+        f" | {outcome.data_files} files, {outcome.deletion_vectors} {deletes}, {_size(s.bytes_written)}"
         f" | tasks {s.partition_seconds + s.index_seconds + s.write_seconds:.2f} s, commit {outcome.seconds:.2f} s"
         f" | snapshot {outcome.snapshot_id}"
     )
+    if outcome.replaced is not None:
+        line += f" | {outcome.replaced}"
     if outcome.expired_snapshots:
         line += f" | expired {outcome.expired_snapshots} snapshots"
     if compaction is not None and compaction.snapshot_id is not None:

@@ -24,6 +24,7 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update import TableUpdate
 from pyroaring import BitMap64
 
@@ -71,6 +72,7 @@ class CommitOutcome:
     seconds: float = 0.0  # the driver's commit, from the catalog load to cleaning up after it
     expired_snapshots: int = 0
     files_removed: int = 0  # unreferenced by the commit (expired snapshots, old metadata) and deleted
+    replaced: str | None = None  # an overwrite: what it replaced, in words
 
 
 def _sum_stats(results: list[TaskResult]) -> TaskStats:
@@ -183,12 +185,25 @@ def _pending_properties(
     return {k: v for k, v in wanted.items() if base.properties.get(k) != v}
 
 
-def _overwrite_scope(plan: WritePlan) -> OverwriteScope | None:
+def overwrite_mode(plan: WritePlan, results: list[TaskResult], batch_id: int | None) -> str:
+    """`static` or `dynamic`: the write's `overwrite_mode` option, else (for batch writes, as
+    Spark's file sources do) the session's spark.sql.sources.partitionOverwriteMode that
+    the tasks saw, else static. (A write always has a task: Spark gives an empty DataFrame
+    one empty partition.)"""
+    if plan.options.overwrite_mode is not None:
+        return plan.options.overwrite_mode
+    session = {r.session_overwrite_mode for r in results if r.session_overwrite_mode}
+    if batch_id is None and session == {"dynamic"}:
+        return "dynamic"
+    return "static"
+
+
+def _overwrite_scope(plan: WritePlan, results: list[TaskResult], batch_id: int | None) -> OverwriteScope | None:
     if not plan.overwrite:
         return None
     if plan.options.replace_where is not None:
         return OverwriteScope("filter", plan.options.replace_where)
-    return OverwriteScope("partitions" if plan.options.overwrite_mode == "dynamic" else "table")
+    return OverwriteScope("partitions" if overwrite_mode(plan, results, batch_id) == "dynamic" else "table")
 
 
 @dataclass(frozen=True)
@@ -302,7 +317,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
     delta = RowDelta(
         added_data_files=[data_file(m, metadata) for r in results for m in r.data_files],
         position_deletes=_merge_position_deletes(results, metadata),
-        overwrite=_overwrite_scope(plan),
+        overwrite=_overwrite_scope(plan, results, batch_id),
         planned_snapshot_id=planned_snapshot_id,
         # Sequenced deletes of absent keys change no file, but their tombstones must be
         # recorded (and the index tokens committed) or a later, older change would apply.
@@ -425,7 +440,23 @@ def _committed(
         snapshot.snapshot_id, None, attempt_number + 1, stats, committed, data_files=len(delta.added_data_files),
         deletion_vectors=dvs, rows_hidden=sum(len(p.positions) for p in delta.position_deletes.values()),
         seconds=seconds, expired_snapshots=len(attempt.expired), files_removed=removed,
+        replaced=_describe_replaced(producer, snapshot),
     )
+
+
+def _describe_replaced(producer: SnapshotProducer, snapshot: Snapshot) -> str | None:
+    """What an overwrite replaced, for the progress line: a static overwrite of a partitioned
+    table replaces every partition, which a user expecting Spark's dynamic mode must see."""
+    replaced = producer.last.replaced
+    if replaced is None:
+        return None
+    props = snapshot.summary.additional_properties if snapshot.summary else {}
+    rows = int(props.get("deleted-records", 0)) + int(props.get("added-position-deletes", 0))
+    if replaced.scope.kind == "table":
+        return f"replaced the whole table ({rows:,} rows; overwrite_mode=dynamic replaces only the partitions written)"
+    if replaced.scope.kind == "partitions":
+        return f"replaced {len(replaced.partitions)} partition(s) ({rows:,} rows)"
+    return f"replaced the rows matching {replaced.scope.filter_text!r} ({rows:,} rows)"
 
 
 def abort_write(plan: WritePlan, results: list[TaskResult], batch_id: int | None) -> list[str]:

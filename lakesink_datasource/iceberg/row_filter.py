@@ -12,6 +12,7 @@ and inclusive metrics). Only a file that may hold both kinds of rows is read.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -63,12 +64,15 @@ class RowFilter:
 
 
 def parse_filter(text: str, schema: Schema) -> RowFilter:
-    """The filter, checked against `schema`; FilterError saying what is wrong."""
+    """The filter, checked against `schema`; FilterError saying what is wrong. Spark SQL's
+    typed literals (`DATE '2026-11-01'`, `TIMESTAMP '...'`, `5L`), which Delta's
+    replaceWhere takes, are read as the plain literals Iceberg's syntax has (the column's
+    type decides what they mean)."""
     try:
-        unbound = parse(text)
-    except (ParseBaseException, ValueError) as exc:
+        unbound = parse(_plain_literals(text))
+    except (ParseBaseException, ValueError):
         raise FilterError(
-            f"cannot parse {text!r} as an Iceberg filter{_where(exc)}; write e.g. \"day = '2024-01-01'\" or "
+            f"cannot parse {text!r} as a filter{_first_bad_part(text)}; write e.g. \"day = '2024-01-01'\" or "
             "\"region IN ('eu', 'us') AND id >= 100\""
         ) from None
     try:
@@ -79,9 +83,64 @@ def parse_filter(text: str, schema: Schema) -> RowFilter:
         raise FilterError(f"filter {text!r}: {reason} (the table's columns: {columns})") from None
 
 
-def _where(exc: Exception) -> str:
-    column = getattr(exc, "col", None)  # pyparsing's 1-based column of the first bad token
-    return f" (stopped at character {column})" if isinstance(column, int) else ""
+# Outside quoted strings: a Spark SQL type keyword before a quoted literal, and integer
+# suffixes (bigint, smallint, tinyint, double, decimal).
+_TYPED_LITERAL = re.compile(r"\b(?:DATE|TIMESTAMP|TIMESTAMP_NTZ|TIMESTAMP_LTZ)\s*$", re.IGNORECASE)
+_NUMBER_SUFFIX = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(?:L|S|Y|D|BD)\b", re.IGNORECASE)
+_QUOTED = re.compile(r"('(?:[^']|'')*'|\"(?:[^\"]|\"\")*\")")
+
+
+def _plain_literals(text: str) -> str:
+    parts = _QUOTED.split(text)  # odd indices are quoted strings: left alone
+    out = []
+    for i, part in enumerate(parts):
+        if i % 2 == 0:
+            part = _NUMBER_SUFFIX.sub(r"\1", part)
+            typed = _TYPED_LITERAL.search(part) if i + 1 < len(parts) and parts[i + 1].startswith("'") else None
+            if typed is not None:
+                part = part[: typed.start()]  # the keyword right before a quoted literal
+                if typed.group(0).strip().upper().startswith("TIMESTAMP"):
+                    # Spark writes '2026-11-01 00:00:00'; Iceberg's literals are ISO-8601.
+                    parts[i + 1] = re.sub(r"^'(\d{4}-\d{2}-\d{2}) ", r"'\1T", parts[i + 1])
+                    parts[i + 1] = re.sub(r"^'(\d{4}-\d{2}-\d{2})'$", r"'\1T00:00:00'", parts[i + 1])
+        out.append(part)
+    return "".join(out)
+
+
+_CONNECTIVE = re.compile(r"\b(?:AND|OR)\b", re.IGNORECASE)
+
+
+def _first_bad_part(text: str) -> str:
+    """Where the filter goes wrong: the first of its AND/OR parts (outside quotes and
+    parentheses) that does not parse alone. pyparsing itself reports the start of the whole
+    expression for most mistakes."""
+    depth, start, quoted = 0, 0, ""
+    bounds = []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if quoted:
+            quoted = "" if c == quoted else quoted
+        elif c in "'\"":
+            quoted = c
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif depth == 0 and (m := _CONNECTIVE.match(text, i)) and (i == 0 or not text[i - 1].isalnum()):
+            bounds.append((start, i))
+            start = i = m.end()
+            continue
+        i += 1
+    bounds.append((start, len(text)))
+    for begin, end in bounds:
+        part = text[begin:end].strip()
+        try:
+            parse(_plain_literals(part.strip("()") if part.startswith("(") and part.endswith(")") else part))
+        except (ParseBaseException, ValueError):
+            offset = begin + (len(text[begin:end]) - len(text[begin:end].lstrip()))
+            return f": {part!r} (at character {offset + 1}) is not a comparison it knows"
+    return ""
 
 
 def filter_columns(row_filter: RowFilter) -> list[str]:

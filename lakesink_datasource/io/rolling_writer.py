@@ -32,11 +32,13 @@ group.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -494,7 +496,8 @@ class PartitionedParquetWriter:
         add_counts(file.nan_counts, count_nans(table, self._iceberg_schema))
 
         def encode() -> None:
-            file.writer.write_table(table, row_group_size=rows)
+            with _naming(file.path):
+                file.writer.write_table(table, row_group_size=rows)
             file.position = int(file.stream.tell())
             file.encoded_arrow_bytes += nbytes
             file.pending_arrow_bytes -= nbytes
@@ -511,7 +514,8 @@ class PartitionedParquetWriter:
                 # (Its buffer is empty: buffers are only ever flushed into an open file.)
                 self._roll(self._partitions[next(iter(self._open))])
         path = self._current_path(part)
-        stream = self._io.new_output(path).create(overwrite=True)
+        with _naming(path):
+            stream = self._io.new_output(path).create(overwrite=True)
         self._paths.append(path)
         try:
             writer = pq.ParquetWriter(
@@ -537,10 +541,11 @@ class PartitionedParquetWriter:
         file = part.file
         assert file is not None
         self._encoder.wait()  # its last row group may still be encoding
-        file.writer.close()  # writes the footer
-        metadata = file.writer.writer.metadata
-        size = int(file.stream.tell())
-        file.stream.close()
+        with _naming(file.path):
+            file.writer.close()  # writes the footer
+            metadata = file.writer.writer.metadata
+            size = int(file.stream.tell())
+            file.stream.close()
         # Detach only once closed, so abort() still closes the stream if closing failed.
         part.file = None
         self._open.pop(part.key, None)
@@ -558,6 +563,21 @@ class PartitionedParquetWriter:
                 nan_counts=file.nan_counts,
             )
         )
+
+
+@contextmanager
+def _naming(path: str) -> Iterator[None]:
+    """An OS error while writing `path` (a full disk, a permission, a store's refusal) names
+    the file: Arrow's own message often does not."""
+    try:
+        yield
+    except OSError as exc:
+        if path in str(exc):
+            raise
+        hint = "; the file system of the table's data location is full: free space there" if exc.errno == errno.ENOSPC else ""
+        raise type(exc)(exc.errno, f"{exc.strerror or exc} (writing data file {path}{hint})") if exc.errno else OSError(
+            f"{exc} (writing data file {path})"
+        ) from exc
 
 
 def _unpin(table: pa.Table) -> pa.Table:

@@ -55,6 +55,12 @@ class CompactionResult:
     skipped_reason: str | None = None
 
     def describe(self) -> str:
+        if self.skipped_reason == "dry run":
+            # Nothing was written: say what would be, not "rewrote N files into 0 (0 bytes)".
+            return (
+                f"would rewrite {self.files_rewritten} data file(s) ({self.bytes_read:,} bytes), drop {self.files_dropped} "
+                f"fully deleted file(s), remove {self.dvs_removed} DV(s)"
+            )
         what = (
             f"rewrote {self.files_rewritten} data file(s) ({self.bytes_read:,} bytes) into {self.files_written} "
             f"({self.bytes_written:,} bytes), dropped {self.files_dropped} fully deleted file(s), removed {self.dvs_removed} DV(s)"

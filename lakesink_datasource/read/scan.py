@@ -51,6 +51,10 @@ class ReadError(ValueError):
     """The table state asked for cannot be read (unknown table, snapshot, or delete kind)."""
 
 
+class NoSuchTable(ReadError):
+    """The table a read names does not exist."""
+
+
 @dataclass(frozen=True)
 class TableState:
     table: Table
@@ -63,7 +67,7 @@ def load_table(options: ReadOptions) -> Table:
     try:
         return sql_commit.load_table(catalog, options.table)
     except NoSuchTableError:
-        raise ReadError(f"table {options.table} does not exist (catalog {loader.catalog_config(options).name})") from None
+        raise NoSuchTable(f"table {options.table} does not exist (catalog {loader.catalog_config(options).name})") from None
 
 
 def _retained(table: Table) -> str:

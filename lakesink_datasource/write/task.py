@@ -7,6 +7,7 @@ table schema, fan rows out by partition, roll files, and report what was written
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -32,7 +33,10 @@ from lakesink_datasource.table.plan import WritePlan, write_schema, write_spec
 from lakesink_datasource.write.changes import KeyedInputError
 from lakesink_datasource.write.keyed import KeyedWriter
 
+log = logging.getLogger("lakesink")
+
 MAX_OPEN_FILES = 100
+PARTITION_OVERWRITE_MODE = "spark.sql.sources.partitionOverwriteMode"
 # Spark hands Arrow batches of 10K rows (spark.sql.execution.arrow.maxRecordsPerBatch);
 # splitting each by partition makes many tiny slices, and the per-slice cost (a write call,
 # a copy, a fragment to concatenate later) dominated partitioned writes. Tasks therefore
@@ -64,6 +68,7 @@ class TaskIdentity:
     batch_id: int | None = None
     query_id: str | None = None
     speculation: bool = False  # Spark may run a second attempt of this task at the same time
+    overwrite_mode: str | None = None  # the session's spark.sql.sources.partitionOverwriteMode, if set
 
     @classmethod
     def from_spark(cls) -> TaskIdentity:
@@ -81,6 +86,7 @@ class TaskIdentity:
             query_id=ctx.getLocalProperty("sql.streaming.queryId"),
             # Spark SQL hands its session's spark.* settings to tasks as local properties.
             speculation=(ctx.getLocalProperty("spark.speculation") or "false").strip().lower() == "true",
+            overwrite_mode=(ctx.getLocalProperty(PARTITION_OVERWRITE_MODE) or "").strip().lower() or None,
         )
 
 
@@ -139,6 +145,7 @@ def write_task(
                 write_schema_json=plan.write_schema_json,
                 evolved_from_schema_id=plan.evolved_from_schema_id,
                 write_spec_id=plan.write_spec_id,
+                session_overwrite_mode=who.overwrite_mode,
                 **kwargs,
             )
         )
@@ -209,9 +216,15 @@ def write_task(
         write_seconds += time.perf_counter() - t1
         fault_point("task_files_written", who.batch_id)
     except BaseException:
-        writer.abort()
-        if keyed is not None:
-            keyed.rollback()
+        # Clean up, but never let a failure of the clean-up (the same full disk, say) hide
+        # the error that stopped the task.
+        for undo in (writer.abort, keyed.rollback if keyed is not None else None):
+            if undo is None:
+                continue
+            try:
+                undo()
+            except Exception:
+                log.warning("lakesink: cleaning up after a failed task failed too", exc_info=True)
         raise
     finally:
         # Spark reuses this worker process: give the allocator's cached pages back to the OS

@@ -3,10 +3,13 @@ the user's write meets, and the table read back by DuckDB and pyiceberg."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
+from datetime import date
 from pathlib import Path
 
 import pytest
@@ -307,3 +310,76 @@ def test_a_rebuild_that_cannot_read_the_tombstones_refuses_late_changes_it_canno
     # The repair says what is lost and waits to be told.
     assert maintain_main(["repair-tombstones", "db.k", "--warehouse", warehouse]) == 1
     assert maintain_main(["repair-tombstones", "db.k", "--warehouse", warehouse, "--accept-loss"]) == 0
+
+
+# ----------------------------------------------------------------- Spark's session settings
+
+
+def _deleted_records(warehouse: str, identifier: str) -> int:
+    summary = load(warehouse, identifier).metadata.current_snapshot().summary
+    return int(summary.additional_properties.get("deleted-records", 0))
+
+
+def test_the_session_partition_overwrite_mode_is_honoured(spark, warehouse: str) -> None:
+    """`spark.sql.sources.partitionOverwriteMode=dynamic` in the session used to be ignored:
+    overwriting one partition of a 3-partition table replaced the whole table (30 rows -> 1)."""
+    options = {"warehouse": warehouse, "table": "db.p", "partition_by": "p"}
+    rows = [(i, f"p{i % 3}") for i in range(30)]
+    spark.createDataFrame(rows, "id long, p string").write.format("lakesink").options(**options).mode("append").save()
+    spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
+    try:
+        spark.createDataFrame([(100, "p1")], "id long, p string").write.format("lakesink").options(**options).mode("overwrite").save()
+        expected = [{"id": i, "p": p} for i, p in rows if p != "p1"] + [{"id": 100, "p": "p1"}]
+        assert_readers_see(warehouse, "db.p", expected_rows(expected, ["id", "p"]), ["id", "p"])
+        assert _deleted_records(warehouse, "db.p") == 10
+        # The write's own option still wins over the session.
+        spark.createDataFrame([(200, "p0")], "id long, p string").write.format("lakesink").options(**options, overwrite_mode="static") \
+            .mode("overwrite").save()
+    finally:
+        spark.conf.unset("spark.sql.sources.partitionOverwriteMode")
+    assert_readers_see(warehouse, "db.p", expected_rows([{"id": 200, "p": "p0"}], ["id", "p"]), ["id", "p"])
+    assert _deleted_records(warehouse, "db.p") == 21
+
+
+# ----------------------------------------------------------------- smaller ones
+
+
+def test_replace_where_takes_spark_sql_literals_and_points_at_the_part_it_cannot_read(spark, warehouse: str) -> None:
+    options = {"warehouse": warehouse, "table": "db.r"}
+    rows = [(i, date(2026, 11, 1 + i % 3)) for i in range(9)]
+    spark.createDataFrame(rows, "id long, d date").write.format("lakesink").options(**options).mode("append").save()
+    new = [(100, date(2026, 11, 1))]
+    spark.createDataFrame(new, "id long, d date").write.format("lakesink").options(**options, replace_where="d = DATE '2026-11-01' AND id >= 0L") \
+        .mode("overwrite").save()
+    expected = [{"id": i, "d": d} for i, d in rows if d != date(2026, 11, 1)] + [{"id": 100, "d": date(2026, 11, 1)}]
+    assert_readers_see(warehouse, "db.r", expected_rows(expected, ["id", "d"]), ["id", "d"])
+    with pytest.raises(Exception, match=r"cannot parse .* as a filter: 'id >> 3' \(at character 27\)"):
+        spark.createDataFrame(new, "id long, d date").write.format("lakesink").options(**options, replace_where="d = DATE '2026-11-01' AND id >> 3") \
+            .mode("overwrite").save()
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 512 KiB file system (tmpfs), so a write fills it."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"cannot mount a tmpfs in CI: {done.stderr.decode()}")
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_disk_names_the_file_it_was_writing_and_leaves_nothing(spark, warehouse: str, tiny_disk: Path) -> None:
+    options = {"warehouse": warehouse, "table": "db.f", "property.write.data.path": str(tiny_disk / "data")}
+    spark.createDataFrame([(0, "a")], "id long, v string").write.format("lakesink").options(**options).mode("append").save()
+    before = load(warehouse, "db.f").metadata.current_snapshot().snapshot_id
+    big = spark.range(20_000).selectExpr("id", "sha2(cast(id as string), 512) as v")  # ~2.5 MB that does not compress
+    with pytest.raises(Exception, match=rf"No space left on device \(writing data file {tiny_disk}/data/.*\.parquet; the file system of the table's data location is full"):
+        big.coalesce(1).write.format("lakesink").options(**options).mode("append").save()
+    assert load(warehouse, "db.f").metadata.current_snapshot().snapshot_id == before
+    assert len(list((tiny_disk / "data").glob("*.parquet"))) == 1  # the failed write's files are gone

@@ -464,6 +464,24 @@ def test_maintain_all_compacts_expires_and_reports(warehouse: str, capsys: pytes
     assert check_table(table) == []
 
 
+def test_maintain_takes_zero_ages_with_a_note_and_a_dry_run_says_what_it_would_do(warehouse: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Zero ages used to be refused ("must be positive"); a dry run printed "would rewrite:
+    rewrote 16 files into 0 (0 bytes)"."""
+    live = _upsert_history(warehouse)
+    snapshots = len(load(warehouse, IDENT).metadata.snapshots)
+    assert maintain_main(["all", IDENT, "--warehouse", warehouse, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "compaction: would rewrite " in out and "rewrote" not in out and "into 0 (0 bytes)" not in out
+    assert maintain_main(["expire", IDENT, "--warehouse", warehouse, "--older-than-hours", "0"]) == 0
+    assert "expires every snapshot but the newest" in capsys.readouterr().err
+    assert len(load(warehouse, IDENT).metadata.snapshots) == 1 < snapshots
+    assert maintain_main(["remove-orphans", IDENT, "--warehouse", warehouse, "--orphan-min-age-hours", "0"]) == 0
+    assert "also removes the files of writes still in flight" in capsys.readouterr().err
+    assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
+    with pytest.raises(SystemExit):
+        maintain_main(["expire", IDENT, "--warehouse", warehouse, "--older-than-hours", "-1"])
+
+
 def test_maintain_names_a_missing_table_and_a_bad_action(warehouse: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert maintain_main(["compact", "db.nope", "--warehouse", warehouse]) == 2
     assert "cannot load table db.nope" in capsys.readouterr().err
