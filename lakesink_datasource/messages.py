@@ -77,6 +77,8 @@ class TaskResult(msgspec.Struct, frozen=True):
     # can refuse a batch whose key reached two hosts (their indexes cannot agree).
     key_hashes: bytes = b""
     tombstones: str | None = None  # Parquet file of deleted keys with their sequence
+    deleted_keys: str | None = None  # Parquet file of the keys deleted without a sequence
+    index_sync: str = ""  # what the task's sync did to the host's key index ("current", "rebuilt (reason)", ...)
     tombstone_max_sequence: bytes | None = None  # the highest sequence among them (order-preserving encoding)
     index_healed: bool = False  # the host's index was damaged and rebuilt by this task
     # merge_schema: the staged schema the task's files were written with (JSON) and the schema

@@ -40,6 +40,8 @@ def describe_batch(table: str, batch_id: int | None, outcome: CommitOutcome, com
     )
     if outcome.replaced is not None:
         line += f" | {outcome.replaced}"
+    if outcome.index_starts:
+        line += f" | key index {outcome.index_starts}"
     if outcome.expired_snapshots:
         line += f" | expired {outcome.expired_snapshots} snapshots"
     if compaction is not None and compaction.snapshot_id is not None:

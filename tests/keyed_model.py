@@ -23,6 +23,7 @@ Spark's driver/executors do, against a fresh warehouse and index directory.
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import tempfile
@@ -31,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
+import msgspec
 import pyarrow as pa
 from lakesink_testing import duckdb_connection, expected_rows, load, pyiceberg_rows, rows
 from pyspark.sql import types as T
@@ -40,7 +42,7 @@ from lakesink_datasource.check import check_table
 from lakesink_datasource.commit.committer import CommitOutcome, commit_write
 from lakesink_datasource.index import key_index
 from lakesink_datasource.maintenance.tombstone_storing import store_tombstones_safely
-from lakesink_datasource.messages import LakeSinkCommitMessage, decode_messages
+from lakesink_datasource.messages import LakeSinkCommitMessage, TaskResult, decode_messages
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.table.setup import plan_write
@@ -328,6 +330,21 @@ class Harness:
         messages = [self.write(plan, task, batch_id, partition_id=i) for i, task in enumerate(batch)]
         return self.commit(plan, messages, batch_id)
 
+    def host_dir(self, host: int) -> str:
+        """The index directory of host `host` (0 is `index_dir`): each its own key index,
+        as two Spark workers with their own HOME keep."""
+        return self.index_dir if host == 0 else os.path.join(self.root, f"index-{host}")
+
+    def on_host(self, plan: WritePlan, host: int) -> WritePlan:
+        return msgspec.structs.replace(plan, options=msgspec.structs.replace(plan.options, index_dir=self.host_dir(host)))
+
+    def run_batch_on_hosts(self, batch: list[list[list[dict]]], batch_id: int, hosts: Sequence[int]) -> tuple[CommitOutcome, list[TaskResult]]:
+        """A batch whose task i runs on host `hosts[i]`; returns the outcome and the task
+        results (each saying what its sync did to its host's index)."""
+        plan = self.plan()
+        messages = [self.write(self.on_host(plan, host), task, batch_id, partition_id=i) for i, (task, host) in enumerate(zip(batch, hosts))]
+        return self.commit(plan, messages, batch_id), decode_messages(messages)
+
     def table(self):  # type: ignore[no-untyped-def]
         return load(self.warehouse, IDENT)
 
@@ -352,17 +369,19 @@ class Harness:
         violations = check_table(table)
         assert violations == [], f"{where} [{self.config}]: check_table: {violations}"
 
-    def drop_index(self, *, new_process: bool = True) -> None:
+    def drop_index(self, *, new_process: bool = True, host: int | None = None) -> None:
         """Delete the index directory (shutil.rmtree, as an operator would).
 
         new_process: also close this process's cached LMDB handles, so the next task opens
         a fresh index like a new worker process would. Without it, this process keeps
         working on its open (now unlinked) environment, like a long-lived Spark worker."""
-        if new_process:
-            prefix = os.path.abspath(self.index_dir) + os.sep
-            for path in [p for p in list(key_index._CACHE) if p.startswith(prefix)]:
-                key_index.drop_index(path)
-        shutil.rmtree(self.index_dir, ignore_errors=True)
+        folders = [self.host_dir(host)] if host is not None else [self.index_dir, *glob.glob(os.path.join(self.root, "index-*"))]
+        for folder in folders:
+            if new_process:
+                prefix = os.path.abspath(folder) + os.sep
+                for path in [p for p in list(key_index._CACHE) if p.startswith(prefix)]:
+                    key_index.drop_index(path)
+            shutil.rmtree(folder, ignore_errors=True)
 
     def close(self) -> None:
         self.drop_index()

@@ -73,6 +73,7 @@ class CommitOutcome:
     expired_snapshots: int = 0
     files_removed: int = 0  # unreferenced by the commit (expired snapshots, old metadata) and deleted
     replaced: str | None = None  # an overwrite: what it replaced, in words
+    index_starts: str | None = None  # hosts whose key index started over for this batch, and why
 
 
 def _sum_stats(results: list[TaskResult]) -> TaskStats:
@@ -172,7 +173,7 @@ def _pending_properties(
     """Table properties this commit sets: the write's `property.<key>` options that differ from
     the table's, the query's last committed epoch (replay detection that survives expiry),
     and the highest sequence a delete of the table ever carried (a key index rebuilt without
-    the stored tombstones must assume one up to it, see index/sync.py)."""
+    the stored tombstones must assume one up to it, see index/reindex.py)."""
     wanted = dict(plan.options.table_properties)
     if tombstone_max is not None:
         recorded = base.properties.get(TOMBSTONE_MAX_SEQUENCE)
@@ -338,6 +339,17 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
     tombstones = sorted(r.tombstones for r in results if r.tombstones)
     if tombstones:
         extra[keys.TOMBSTONES] = ",".join(tombstones)
+    deleted_keys = sorted(r.deleted_keys for r in results if r.deleted_keys)
+    if deleted_keys:
+        extra[keys.DELETED_KEYS] = ",".join(deleted_keys)
+    if plan.keyed is not None:
+        # Every key the batch deleted is in the files above, and these task attempts made it:
+        # what another host's index needs to follow the batch without a rebuild.
+        extra[keys.DELETES_REPORTED] = "true"
+        extra[keys.TASK_ATTEMPTS] = ",".join(sorted(f"{r.partition_id}.{r.attempt}" for r in results))
+        starts = sorted({f"{r.host}: {r.index_sync}" for r in results if r.index_sync.startswith(("rebuilt", "fetched"))})
+        if starts:
+            extra[keys.INDEX_STARTS] = "; ".join(starts)
     tombstone_max = max((r.tombstone_max_sequence for r in results if r.tombstone_max_sequence is not None), default=None)
     settings = _write_settings(plan, metadata)
     budget = RetryBudget.of(settings)
@@ -441,6 +453,7 @@ def _committed(
         deletion_vectors=dvs, rows_hidden=sum(len(p.positions) for p in delta.position_deletes.values()),
         seconds=seconds, expired_snapshots=len(attempt.expired), files_removed=removed,
         replaced=_describe_replaced(producer, snapshot),
+        index_starts=(snapshot.summary.additional_properties.get(keys.INDEX_STARTS) if snapshot.summary else None),
     )
 
 
@@ -465,7 +478,10 @@ def abort_write(plan: WritePlan, results: list[TaskResult], batch_id: int | None
         return []
     query_id = next((r.query_id for r in results if r.query_id is not None), None)
     budget = RetryBudget.of(_write_settings(plan))
-    files = [path for r in results for path in [m.path for m in r.data_files] + ([r.tombstones] if r.tombstones else [])]
+    files = [
+        path for r in results
+        for path in [*(m.path for m in r.data_files), *([r.tombstones] if r.tombstones else []), *([r.deleted_keys] if r.deleted_keys else [])]
+    ]
     try:
         catalog = retrying(lambda: loader.load(plan.catalog), what="opening the catalog", catalog=loader.describe(plan.catalog), budget=budget)
         table = _load(catalog, plan, budget)

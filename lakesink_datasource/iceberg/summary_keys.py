@@ -14,6 +14,16 @@ COMPACTION = "lakesink.compaction"  # "true" on the replace snapshots of lakesin
 TXN_APP_ID = "lakesink.txn-app-id"  # idempotent batch writes (options txn_app_id, txn_version)
 TXN_VERSION = "lakesink.txn-version"
 TOMBSTONES = "lakesink.tombstones"  # Parquet files of a batch's sequenced deletes
+DELETED_KEYS = "lakesink.deleted-keys"  # Parquet files of the keys a batch deleted without a sequence
+# Keyed batches: "true" when every key the batch deleted is in its TOMBSTONES or DELETED_KEYS
+# files (so another host's index follows the batch from them), and the task attempts whose
+# changes it holds ("<partition>.<attempt>,..."), so a host knows which of its own undo
+# tokens the batch committed (an attempt lost with its executor never did).
+DELETES_REPORTED = "lakesink.deletes-reported"
+TASK_ATTEMPTS = "lakesink.task-attempts"
+# Hosts whose key index started over for this batch (a rebuild from the table or a published
+# copy), with why: "<host>: rebuilt (reason); ...". Absent when every index was followed.
+INDEX_STARTS = "lakesink.index-starts"
 ENGINE_NAME = "engine-name"
 TOTAL_DATA_FILES = "total-data-files"  # Iceberg's own: live data files after the snapshot
 ENGINE_VERSION = "engine-version"

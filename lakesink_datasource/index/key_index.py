@@ -137,6 +137,8 @@ _META_STATE = b"state"
 # The target snapshot of a catch-up under way: its writes carry no undo (overwrite_packed),
 # so until the state moves, keys may already point where that snapshot put them.
 _META_CATCH_UP = b"catch_up"
+# The sequence number of the last snapshot this host published a copy of (published.py).
+_META_LAST_PUBLISHED = b"last_published"
 
 _STATE_ENCODER = msgspec.msgpack.Encoder()
 _STATE_DECODER = msgspec.msgpack.Decoder(IndexState)
@@ -571,6 +573,12 @@ class KeyIndex:
         if fitted:
             self._write(lambda txn: txn.cursor(db=self._keys).putmulti(zip(fitted, news)))  # type: ignore[arg-type]  # no None
 
+    def remove_keys(self, keys: Sequence[bytes]) -> None:
+        """Delete `keys` without undo: for catch-up only (see `overwrite_packed`)."""
+        fitted = sorted(set(self._fit_all(keys)))
+        if fitted:
+            self._write(lambda txn: [txn.delete(k, db=self._keys) for k in fitted])
+
     def transact(
         self,
         token: str,
@@ -780,6 +788,25 @@ class KeyIndex:
     def _put_state(self, txn: _Txn, state: IndexState) -> None:
         txn.put(_META_STATE, _STATE_ENCODER.encode(state), db=self._meta)
         txn.delete(_META_CATCH_UP, db=self._meta)  # the state now covers whatever it wrote
+
+    def last_published(self) -> int | None:
+        raw = self._read(lambda txn: txn.get(_META_LAST_PUBLISHED, db=self._meta))
+        return None if raw is None else _U64.unpack(raw)[0]
+
+    def set_last_published(self, sequence_number: int) -> None:
+        self._write(lambda txn: txn.put(_META_LAST_PUBLISHED, _U64.pack(sequence_number), db=self._meta))
+
+    def read_transaction(self) -> Any:
+        """A read transaction on this environment, for a consistent copy (`copy_to`); the
+        caller aborts it. It may be used from another thread."""
+        return self._env.begin(write=False)
+
+    def copy_to(self, path: str, txn: Any) -> str:
+        """A compacted copy of the environment as `txn` sees it, in directory `path`;
+        returns the copy's data file."""
+        os.makedirs(path, exist_ok=True)
+        self._env.copy(path, compact=True, txn=txn)
+        return os.path.join(path, "data.mdb")
 
     def begin_catch_up(self, target: str) -> None:
         """Record that undo-less writes toward snapshot `target` start (ended by a new state)."""

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,7 @@ from lakesink_datasource.index.key_index import (
 )
 from lakesink_datasource.index.row_moves import NO_ROW, MoveMaps, compose, moved_rows, place_ordinals, translate
 
-__all__ = ["SHARDS", "ShardedIndex", "drop_sharded", "lock_paths", "make_index_dir", "open_sharded", "reopen_empty_sharded"]
+__all__ = ["SHARDS", "IndexSnapshot", "ShardedIndex", "drop_sharded", "lock_paths", "make_index_dir", "open_sharded", "reopen_empty_sharded"]
 
 # Shards per table and host: enough for the cores of a typical executor host, few enough
 # that a chunk's keys still fill each shard's B-tree pages (a chunk has 100K keys).
@@ -149,6 +150,11 @@ class ShardedIndex:
         for shard, which in zip(self.shards, self._split(keys)):
             if len(which):
                 shard.overwrite_packed(take_items(keys, which), take_items(values, which))
+
+    def remove_keys(self, keys: Sequence[bytes]) -> None:
+        for shard, which in zip(self.shards, self._split(keys)):
+            if len(which):
+                shard.remove_keys(take_items(keys, which))
 
     def transact(self, token: str, keys: Sequence[bytes], decide: ShardDecision) -> None:
         """`KeyIndex.transact` per shard, each under its shard's host lock: one write
@@ -289,8 +295,48 @@ class ShardedIndex:
         with host_locks(self.lock_paths):
             yield
 
+    # -- copies (published.py) -------------------------------------------------------------
+
+    def environments(self) -> dict[str, KeyIndex]:
+        """The environments by name, as a copy names them."""
+        return {"files": self.files, **{f"shard-{s:02d}": shard for s, shard in enumerate(self.shards)}}
+
+    def read_snapshot(self) -> IndexSnapshot:
+        """Read transactions on every environment, begun now: a copy of exactly this state
+        (take it holding every shard's lock, with no undo pending)."""
+        return IndexSnapshot({name: (env, env.read_transaction()) for name, env in self.environments().items()})
+
+    def replace_environments(self, folders: Mapping[str, str]) -> None:
+        """Put the environments copied into `folders` (name -> directory holding data.mdb) in
+        place of this index's own, and reopen them (hold every shard's lock). Other
+        processes of the host notice the new files when they next open the index."""
+        for name, env in self.environments().items():
+            target = env.path
+            env.close()
+            remove_environment(target)
+            os.makedirs(target, exist_ok=True)
+            os.replace(os.path.join(folders[name], "data.mdb"), os.path.join(target, "data.mdb"))
+        self.files = open_index(_files_dir(self.path))
+        self.shards = [open_index(_shard_dir(self.path, s)) for s in range(len(self.shards))]
+
     def __repr__(self) -> str:
         return f"ShardedIndex({self.path!r}, {len(self.shards)} shards)"
+
+
+class IndexSnapshot:
+    """Read transactions on every environment of an index: one consistent state to copy."""
+
+    def __init__(self, txns: Mapping[str, tuple[KeyIndex, Any]]):
+        self._txns = dict(txns)
+
+    def copy_to(self, folder: str) -> dict[str, str]:
+        """Compacted copies of every environment under `folder`: name -> its data file."""
+        return {name: env.copy_to(os.path.join(folder, name), txn) for name, (env, txn) in self._txns.items()}
+
+    def close(self) -> None:
+        for _env, txn in self._txns.values():
+            txn.abort()
+        self._txns = {}
 
 
 def _moved(location: Location | None, maps: MoveMaps) -> Location | None:

@@ -9,7 +9,7 @@ references *yet*.
 
 Referenced means: the metadata files in the log, and for every snapshot its manifest
 list, manifests, every file its manifests name (deleted entries included: an older
-snapshot may still read them) and the tombstone files named in its summary.
+snapshot may still read them) and the tombstone and deleted-key files named in its summary.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from pyiceberg.table import Table
 from lakesink_datasource.commit.cleanup import delete_files
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
 from lakesink_datasource.iceberg.manifests import read_entries
-from lakesink_datasource.iceberg.summary_keys import TOMBSTONES
+from lakesink_datasource.iceberg.summary_keys import DELETED_KEYS, TOMBSTONES
+from lakesink_datasource.index.published import kept_files
 from lakesink_datasource.io.listing import list_files
 from lakesink_datasource.table.location_guard import table_uuid_of
 
@@ -60,7 +61,7 @@ def referenced_files(io: FileIO, table: Table) -> set[str]:
     for snapshot in metadata.snapshots:
         out.add(normalize(snapshot.manifest_list))
         props = snapshot.summary.additional_properties if snapshot.summary else {}
-        out |= {normalize(p) for p in props.get(TOMBSTONES, "").split(",") if p}
+        out |= {normalize(p) for key in (TOMBSTONES, DELETED_KEYS) for p in props.get(key, "").split(",") if p}
         for manifest in read_manifest_list(io, snapshot.manifest_list):
             if manifest.manifest_path in seen_manifests:
                 continue
@@ -69,6 +70,9 @@ def referenced_files(io: FileIO, table: Table) -> set[str]:
             out |= {normalize(e.data_file.file_path) for e in read_entries(io, manifest, live_only=False)}
     for stats in [*metadata.statistics, *metadata.partition_statistics]:
         out.add(normalize(stats.statistics_path))
+    # The key index copies a cold host starts from (a cache no metadata references): the
+    # ones publishing keeps are not orphans.
+    out |= {normalize(p) for p in kept_files(io, metadata)}
     return out
 
 

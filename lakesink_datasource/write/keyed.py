@@ -37,8 +37,13 @@ from lakesink_datasource.arrays import take_items, unique_sorted
 from lakesink_datasource.catalog import loader
 from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.host_lock import host_locks
+from lakesink_datasource.index.key_columns import SEQUENCE, TOMBSTONE, KeyColumns
 from lakesink_datasource.index.key_encoding import key_hashes
 from lakesink_datasource.index.key_index import Found, pack_locations, pack_positions
+from lakesink_datasource.index.owner import default_index_dir, index_owner, token_for
+from lakesink_datasource.index.published import fetch as fetch_published
+from lakesink_datasource.index.published import maybe_publish
+from lakesink_datasource.index.reindex import TombstonesUnreadable
 from lakesink_datasource.index.sharded_index import (
     ShardedIndex,
     lock_paths,
@@ -46,16 +51,7 @@ from lakesink_datasource.index.sharded_index import (
     open_sharded,
     reopen_empty_sharded,
 )
-from lakesink_datasource.index.sync import (
-    SEQUENCE,
-    TOMBSTONE,
-    KeyColumns,
-    TombstonesUnreadable,
-    default_index_dir,
-    index_owner,
-    sync,
-    token_for,
-)
+from lakesink_datasource.index.sync import SyncReport, sync
 from lakesink_datasource.io.partitioning import PartitionSplitter
 from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
 from lakesink_datasource.messages import PositionDeletesMessage
@@ -106,22 +102,24 @@ class KeyedWriter:
 
         started = time.perf_counter()
         self.healed = False  # the index was damaged and rebuilt from the table by this task
+        def synced(index: ShardedIndex) -> SyncReport:
+            return sync(
+                index, io, metadata, columns, write_id=plan.write_id, host=self.host, partition_id=partition_id,
+                attempt=attempt, stored=stored, fetch=lambda _reason: fetch_published(index, io, metadata, columns) is not None,
+            )
+
         with host_locks(lock_paths(path)):
             try:
                 self._index: ShardedIndex = open_sharded(path)
-                sync(
-                    self._index, io, metadata, columns, write_id=plan.write_id, host=self.host, partition_id=partition_id,
-                    attempt=attempt, stored=stored,
-                )
+                self.sync_report: SyncReport = synced(self._index)
             except lmdb.Error as exc:
-                # The index is a cache: a damaged one is dropped and rebuilt from the table.
-                log.warning("lakesink: key index %s is damaged (%s); rebuilding it from the table", path, exc)
+                # The index is a cache: a damaged one is dropped and started over.
+                log.warning("lakesink: key index %s is damaged (%s); starting it over", path, exc)
                 self.healed = True
                 self._index = reopen_empty_sharded(path)
-                sync(
-                    self._index, io, metadata, columns, write_id=plan.write_id, host=self.host, partition_id=partition_id,
-                    attempt=attempt, stored=stored,
-                )
+                self.sync_report = synced(self._index)
+            # A clean index at a committed snapshot: now and then a copy for cold hosts.
+            maybe_publish(self._index, io, metadata, columns, self.host)
         self.index_seconds = time.perf_counter() - started
         state = self._index.get_state()
         self._floor = state.tombstone_floor if state is not None else None
@@ -130,6 +128,7 @@ class KeyedWriter:
         self._hidden: dict[int, list[np.ndarray]] = defaultdict(list)  # ordinal -> positions
         self._hashes: list[np.ndarray] = []
         self._tombstones: list[pa.Table] = []
+        self._deleted: list[pa.Table] = []  # keys deleted without a sequence (reported to other hosts)
         self.rows_deleted = 0
         self.rows_ignored = 0
 
@@ -170,6 +169,9 @@ class KeyedWriter:
             write_mask, tombstones, deletes = self._decide(part, found)
             changed: list[np.ndarray] = [deletes]
             values: list[bytes | None] = [None] * len(deletes)
+            if len(deletes):
+                picked = resolution.take(pa.array(part.rows[deletes]))
+                self._deleted.append(picked.select(list(keyed.table_key_columns)))
             if len(tombstones):
                 assert part.sequences is not None  # tombstones only exist with a sequence column
                 picked = resolution.take(pa.array(part.rows[tombstones]))
@@ -281,6 +283,15 @@ class KeyedWriter:
             bitmap = BitMap64(np.concatenate(chunks).astype(np.uint64))
             out.append(PositionDeletesMessage(ref.path, ref.spec_id, ref.partition, bitmap.serialize()))
         return out
+
+    def write_deleted_keys(self, io: FileIO, location: str) -> str | None:
+        """Persist the keys this task deleted without a sequence, so other hosts' indexes
+        follow the batch (sequenced deletes are in the tombstone file)."""
+        if not self._deleted:
+            return None
+        with io.new_output(location).create(overwrite=True) as out:
+            pq.write_table(pa.concat_tables(self._deleted), out, compression="zstd")
+        return location
 
     def write_tombstones(self, io: FileIO, location: str) -> str | None:
         """Persist this task's deletes with their sequence (key columns + sequence), so an

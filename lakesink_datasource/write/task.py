@@ -23,7 +23,8 @@ from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg.partition_key import PartitionKey, partition_path
 from lakesink_datasource.iceberg.properties import TableSettings
 from lakesink_datasource.iceberg.row_filter import RowFilter, matches, parse_filter
-from lakesink_datasource.index.sync import TOMBSTONE_DIR
+from lakesink_datasource.index.key_columns import TOMBSTONE_DIR
+from lakesink_datasource.index.owner import owner_digest
 from lakesink_datasource.io.partitioning import PartitionSplitter
 from lakesink_datasource.io.rolling_writer import STREAM_BUFFER_BYTES, PartitionedParquetWriter
 from lakesink_datasource.messages import LakeSinkCommitMessage, TaskResult, TaskStats
@@ -242,8 +243,13 @@ def write_task(
     )
     if keyed is None:
         return result(data_files=files, stats=stats)
-    tombstones = keyed.write_tombstones(io, f"{data_dir}/{TOMBSTONE_DIR}/{plan.write_id}-{who.partition_id:05d}-{who.attempt}.parquet")
+    # Named with the host's digest: a host catching up a batch made on several hosts skips
+    # its own reports (its index has its own part already).
+    report = f"{data_dir}/{TOMBSTONE_DIR}/{plan.write_id}-{owner_digest(keyed.host)}-{who.partition_id:05d}-{who.attempt}"
+    tombstones = keyed.write_tombstones(io, f"{report}.parquet")
+    deleted = keyed.write_deleted_keys(io, f"{report}-deleted.parquet")
     return result(
         data_files=files, stats=stats, position_deletes=keyed.position_deletes(), host=keyed.host,
-        key_hashes=keyed.key_hashes(), tombstones=tombstones, tombstone_max_sequence=keyed.tombstone_max, index_healed=keyed.healed,
+        key_hashes=keyed.key_hashes(), tombstones=tombstones, deleted_keys=deleted, tombstone_max_sequence=keyed.tombstone_max,
+        index_healed=keyed.healed, index_sync=keyed.sync_report.describe(),
     )

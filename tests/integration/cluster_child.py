@@ -4,7 +4,10 @@ usage: cluster_child.py MASTER_URL WAREHOUSE FAULTS_FILE SCENARIO OUT_JSON
 SCENARIO "cdc": keyed CDC batches clustered by key (an executor JVM is killed during one of
 them), then a batch whose key reaches both hosts, then one more batch.
 SCENARIO "speculation": the same session with spark.speculation=true: an append, then a
-keyed write. OUT_JSON records what each step did, for the test to compare with its model.
+keyed write. SCENARIO "replace": a keyed CDC stream clustered by key over the first half of
+the batches, then a pause (the file `<OUT_JSON>.paused` appears; the test replaces a worker
+and writes `<OUT_JSON>.resume`), then the same stream (same checkpoint) over the rest.
+OUT_JSON records what each step did, for the test to compare with its model.
 """
 
 from __future__ import annotations
@@ -77,7 +80,28 @@ def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> N
         except Exception as exc:  # noqa: BLE001 (the test checks the message)
             return str(exc)
 
-    if scenario == "speculation":
+    if scenario == "replace":
+        source, checkpoint = f"{out}.source", f"{out}.checkpoint"
+        batches = cdc_batches()
+
+        def stream(first: int, last: int) -> None:
+            for b in range(first, last):
+                spark.createDataFrame(batches[b], SCHEMA).coalesce(1).write.mode("append").parquet(source)
+            both_executors()
+            (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(source).repartition(2, "id")
+                .writeStream.format("lakesink").options(**keyed).option("checkpointLocation", checkpoint)
+                .trigger(availableNow=True).start().awaitTermination())
+
+        stream(0, 2)
+        open(f"{out}.paused", "w").close()
+        deadline = time.monotonic() + 300
+        while not os.path.exists(f"{out}.resume"):
+            if time.monotonic() > deadline:
+                raise SystemExit("the test never replaced the worker")
+            time.sleep(0.1)
+        stream(2, len(batches))
+        report["done"] = True
+    elif scenario == "speculation":
         report["append"] = write(spark.createDataFrame([(1, "a"), (2, "b")], "id long, v string").repartition(2), {"table": "db.appended", "warehouse": warehouse})
         rows = [(k, f"v{k}", "u", 1) for k in range(10)]
         report["keyed"] = write(spark.createDataFrame(rows, SCHEMA).repartition(2, "id"), keyed)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyspark
@@ -49,52 +49,99 @@ def _alive_workers(ui_port: int) -> int:
         return 0
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[Path]]]:
-    root = tmp_path_factory.mktemp("cluster")
-    port, ui = _free_port(), _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("XDG_CACHE_HOME", "LAKESINK_FAULTS")}
-    env["PYSPARK_PYTHON"] = sys.executable
-    env["SPARK_LOCAL_IP"] = "127.0.0.1"
-    processes = []
-    logs = []
+class Cluster:
+    """A standalone master and its workers, each worker with a HOME of its own (its own key
+    index): started from pyspark's bin/spark-class."""
 
-    def start(name: str, args: list[str], home: Path) -> None:
+    def __init__(self, root: Path):
+        self.root = root
+        self.port, self.ui = _free_port(), _free_port()
+        self.env = {k: v for k, v in os.environ.items() if k not in ("XDG_CACHE_HOME", "LAKESINK_FAULTS")}
+        self.env["PYSPARK_PYTHON"] = sys.executable
+        self.env["SPARK_LOCAL_IP"] = "127.0.0.1"
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.logs: list = []
+        self.homes: list[Path] = []
+
+    @property
+    def master(self) -> str:
+        return f"spark://127.0.0.1:{self.port}"
+
+    def _start(self, name: str, args: list[str], home: Path) -> None:
         home.mkdir(parents=True, exist_ok=True)
-        log = open(root / f"{name}.log", "wb")  # noqa: SIM115 (closed at teardown)
-        logs.append(log)
-        processes.append(subprocess.Popen([SPARK_CLASS, *args], env={**env, "HOME": str(home)}, stdout=log, stderr=log, start_new_session=True))
+        log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 (closed at teardown)
+        self.logs.append(log)
+        self.processes[name] = subprocess.Popen([SPARK_CLASS, *args], env={**self.env, "HOME": str(home)}, stdout=log, stderr=log, start_new_session=True)
 
-    start("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)], root / "master")
-    homes = [root / f"worker{i}" for i in range(2)]
-    for i, home in enumerate(homes):
-        start(f"worker{i}", ["org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}", "--cores", "1", "--memory", "1g",
-                             "--webui-port", str(_free_port()), "--work-dir", str(home / "work")], home)
-    try:
+    def start_master(self) -> None:
+        self._start("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(self.ui)], self.root / "master")
+
+    def start_worker(self) -> Path:
+        """A worker with a new, empty HOME; waits until the master counts it alive."""
+        i = len(self.homes)
+        home = self.root / f"worker{i}"
+        self.homes.append(home)
+        alive = _alive_workers(self.ui)
+        self._start(f"worker{i}", ["org.apache.spark.deploy.worker.Worker", self.master, "--cores", "1", "--memory", "1g",
+                                   "--webui-port", str(_free_port()), "--work-dir", str(home / "work")], home)
+        self.wait_for_workers(alive + 1)
+        return home
+
+    def kill_worker(self, i: int) -> None:
+        """SIGKILL a worker and its executor (a lost node)."""
+        alive = _alive_workers(self.ui)
+        os.killpg(self.processes[f"worker{i}"].pid, signal.SIGKILL)
+        self.processes.pop(f"worker{i}").wait(timeout=30)
+        self.wait_for_workers(alive - 1)
+
+    def wait_for_workers(self, count: int) -> None:
         deadline = time.monotonic() + 120
-        while _alive_workers(ui) < 2:
-            assert time.monotonic() < deadline, "the standalone workers never registered: " + (root / "master.log").read_text()[-2000:]
+        while _alive_workers(self.ui) != count:
+            assert time.monotonic() < deadline, "the standalone workers never registered: " + (self.root / "master.log").read_text()[-2000:]
             time.sleep(0.2)
-        yield f"spark://127.0.0.1:{port}", homes
-    finally:
-        for p in processes:
+
+    def stop(self) -> None:
+        for p in self.processes.values():
             os.killpg(p.pid, signal.SIGTERM)
-        for p in processes:
+        for p in self.processes.values():
             try:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
-        for log in logs:
+        for log in self.logs:
             log.close()
 
 
-def _drive(master: str, tmp_path: Path, scenario: str) -> dict:
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    cluster = Cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        cluster.start_master()
+        cluster.start_worker()
+        cluster.start_worker()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _drive(master: str, tmp_path: Path, scenario: str, on_pause: Callable[[], None] | None = None) -> dict:
     out, faults = tmp_path / f"{scenario}.json", tmp_path / "faults.json"
     faults.write_text("[]")
     env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS"}
-    proc = subprocess.run([sys.executable, CHILD, master, str(tmp_path / "warehouse"), str(faults), scenario, str(out)],
-                          env=env, capture_output=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr.decode()[-4000:]
+    with open(tmp_path / f"{scenario}.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, CHILD, master, str(tmp_path / "warehouse"), str(faults), scenario, str(out)],
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+        if on_pause is not None:
+            paused = Path(f"{out}.paused")
+            deadline = time.monotonic() + 600
+            while not paused.exists():
+                assert proc.poll() is None, (tmp_path / f"{scenario}.log").read_text()[-4000:]
+                assert time.monotonic() < deadline, "the driver never paused"
+                time.sleep(0.1)
+            on_pause()
+            Path(f"{out}.resume").touch()
+        code = proc.wait(timeout=600)
+    assert code == 0, (tmp_path / f"{scenario}.log").read_text()[-4000:]
     return json.loads(out.read_text())
 
 
@@ -114,9 +161,9 @@ def _model(batches: list[list[tuple[int, str, str, int]]]) -> dict[int, dict]:
     return live
 
 
-def test_keyed_cdc_on_two_hosts_survives_a_lost_executor_and_refuses_a_key_on_both(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    master, homes = cluster
-    report = _drive(master, tmp_path, "cdc")
+def test_keyed_cdc_on_two_hosts_survives_a_lost_executor_and_refuses_a_key_on_both(cluster: Cluster, tmp_path: Path) -> None:
+    homes = cluster.homes[:2]
+    report = _drive(cluster.master, tmp_path, "cdc")
     warehouse = str(tmp_path / "warehouse")
 
     # Every clustered batch landed, the one that lost an executor included (Spark reran its tasks).
@@ -140,12 +187,34 @@ def test_keyed_cdc_on_two_hosts_survives_a_lost_executor_and_refuses_a_key_on_bo
     assert len(hosts) == 2, hosts
 
 
-def test_speculation_is_refused_for_keyed_writes_before_anything_is_written(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    master, _homes = cluster
-    report = _drive(master, tmp_path, "speculation")
+def test_speculation_is_refused_for_keyed_writes_before_anything_is_written(cluster: Cluster, tmp_path: Path) -> None:
+    report = _drive(cluster.master, tmp_path, "speculation")
     warehouse = str(tmp_path / "warehouse")
     assert report["append"] is None  # appends are safe under speculation
     assert_readers_see(warehouse, "db.appended", expected_rows([{"id": 1, "v": "a"}, {"id": 2, "v": "b"}], ["id", "v"]), ["id", "v"])
     assert report["keyed"] is not None and "spark.speculation=true" in report["keyed"]
     assert not table_exists(warehouse, TABLE) or load(warehouse, TABLE).metadata.current_snapshot() is None
     assert not list((Path(warehouse) / "db" / "cdc").rglob("*.parquet"))
+
+
+def test_a_keyed_stream_goes_on_exactly_when_a_worker_is_lost_and_a_fresh_one_joins(cluster: Cluster, tmp_path: Path) -> None:
+    """Between micro-batches one worker dies with its executor and a new worker with an empty
+    HOME (no key index) takes its place: the stream goes on, the new host builds its index
+    from the table (or a published copy) and the table stays exactly the model's."""
+    lost = len(cluster.homes) - 1
+
+    def replace_a_worker() -> None:
+        cluster.kill_worker(lost)
+        cluster.start_worker()
+
+    report = _drive(cluster.master, tmp_path, "replace", on_pause=replace_a_worker)
+    assert report["done"]
+    warehouse = str(tmp_path / "warehouse")
+    model = _model(cdc_batches())
+    assert_readers_see(warehouse, TABLE, expected_rows(list(model.values()), COLUMNS), COLUMNS)
+    table = load(warehouse, TABLE)
+    assert check_table(table) == []
+    fresh = cluster.homes[-1]
+    assert any((fresh / ".cache" / "lakesink" / "index").glob("*/shard-*/data.mdb")), "the new worker never indexed a key"
+    hosts = {h for s in table.metadata.snapshots if s.summary for h in s.summary.additional_properties.get(HOSTS, "").split(",") if h}
+    assert len(hosts) >= 3, hosts  # both first hosts, then the fresh one

@@ -38,7 +38,7 @@ from lakesink_datasource.iceberg.live_files import data_entries_changed_by, live
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
 from lakesink_datasource.iceberg.manifests import content_offset, deleted_data_file
 from lakesink_datasource.iceberg.summary_keys import MOVED_DELETES
-from lakesink_datasource.index import sync as sync_module
+from lakesink_datasource.index import follow_compaction as fold_module
 from lakesink_datasource.index.sharded_index import open_sharded
 from lakesink_datasource.maintain import main as maintain_main
 from lakesink_datasource.maintain import maintain_table
@@ -195,12 +195,12 @@ def test_move_maps_are_folded_into_the_keys_once_they_outgrow_the_index(
     every later update of moved and unmoved keys still hides the right row until the maps
     are gone."""
     if trigger == "positions":
-        monkeypatch.setattr(sync_module, "FOLD_MIN_ROWS", 0)
-        monkeypatch.setattr(sync_module, "FOLD_RATIO", 0)
+        monkeypatch.setattr(fold_module, "FOLD_MIN_ROWS", 0)
+        monkeypatch.setattr(fold_module, "FOLD_RATIO", 0)
     else:
-        monkeypatch.setattr(sync_module, "FOLD_MAX_MAPS", 0)
+        monkeypatch.setattr(fold_module, "FOLD_MAX_MAPS", 0)
     if per_sync is not None:
-        monkeypatch.setattr(sync_module, "FOLD_BATCH_ROWS", per_sync)
+        monkeypatch.setattr(fold_module, "FOLD_BATCH_ROWS", per_sync)
     live = _upsert_history(warehouse)
     compact(load(warehouse, IDENT), budget_bytes=UNLIMITED, tiered=False)  # one file per bucket
     caplog.set_level("INFO", logger="lakesink")
@@ -499,7 +499,7 @@ def test_a_long_upsert_stream_keeps_its_table_bounded(warehouse: str, monkeypatc
     """300 micro-batches of upserts over 400 repeating keys, maintenance as a stream runs it,
     retention shortened to zero: metadata, manifests, data files and the key index (its
     compactions' move maps included, folded at a bound lowered to this table's size) stay flat."""
-    monkeypatch.setattr(sync_module, "FOLD_MIN_ROWS", 1000)
+    monkeypatch.setattr(fold_module, "FOLD_MIN_ROWS", 1000)
     keyed = _keyed(
         warehouse,
         **{"property.history.expire.max-snapshot-age-ms": "0", "property.write.metadata.previous-versions-max": "10"},
