@@ -23,11 +23,11 @@ from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 
 from lakesink_datasource.commit.cleanup import delete_files
+from lakesink_datasource.iceberg.listing import list_files
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
 from lakesink_datasource.iceberg.manifests import read_entries
 from lakesink_datasource.iceberg.summary_keys import DELETED_KEYS, TOMBSTONES
 from lakesink_datasource.index.published import kept_files
-from lakesink_datasource.io.listing import list_files
 from lakesink_datasource.table.location_guard import table_uuid_of
 
 

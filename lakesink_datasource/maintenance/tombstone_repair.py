@@ -28,9 +28,9 @@ from pyiceberg.table.metadata import TableMetadata
 from lakesink_datasource.commit.append_rows import append_rows
 from lakesink_datasource.commit.cleanup import delete_files
 from lakesink_datasource.iceberg.history import ancestors
+from lakesink_datasource.iceberg.listing import list_files
 from lakesink_datasource.iceberg.live_files import live_data_files
 from lakesink_datasource.iceberg.summary_keys import TOMBSTONES
-from lakesink_datasource.io.listing import list_files
 from lakesink_datasource.table.location_guard import metadata_files
 from lakesink_datasource.table.tombstone_table import STORED_THROUGH, SUFFIX, companion_identifier, load_companion
 

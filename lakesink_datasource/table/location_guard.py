@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pyiceberg.io import FileIO
 
 from lakesink_datasource.catalog.errors import CatalogError
-from lakesink_datasource.io.listing import list_files
+from lakesink_datasource.iceberg.listing import list_files
 
 
 class LocationInUse(CatalogError):
