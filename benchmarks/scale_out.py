@@ -5,8 +5,9 @@ with a HOME of its own, so its own key index) takes the same 100K-row upserts (h
 of existing keys, half new keys, `repartition(workers, "id")` as the README asks) into a
 table of each size, in one run:
 
-1. one worker: a first batch builds its index (untimed), then `--reps` timed batches;
-2. two fresh workers: the same;
+1. one host: one two-core worker (two tasks share its index, as `local[2]` does), a first
+   batch builds its index (untimed), then `--reps` timed batches;
+2. two hosts: two fresh one-core workers (two tasks, one per index), the same;
 3. a fresh worker joining: one of the two is killed and a new worker (empty HOME) starts;
    the next batch is timed (its index starts from a published copy and catches up), then
    the same again after deleting the published copies (its index is rebuilt from the table).
@@ -38,6 +39,9 @@ TARGET_TWO_OVER_ONE = 1.3
 TARGET_FRESH_OVER_STEADY = 3.0
 
 
+TASKS = 2  # task slots in both set-ups: the comparison is one index against two
+
+
 def _session(cluster: Cluster, workers: int) -> Any:
     from pyspark.sql import SparkSession
 
@@ -47,11 +51,11 @@ def _session(cluster: Cluster, workers: int) -> Any:
         SparkSession.builder.master(cluster.master)
         .appName(f"scale-out-{workers}")
         .config("spark.ui.enabled", "false")
-        .config("spark.executor.cores", "1")
+        .config("spark.executor.cores", str(TASKS // workers))
         .config("spark.executor.memory", "2g")
-        .config("spark.cores.max", str(workers))
+        .config("spark.cores.max", str(TASKS))
         .config("spark.driver.memory", "2g")
-        .config("spark.sql.shuffle.partitions", str(workers))
+        .config("spark.sql.shuffle.partitions", str(TASKS))
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
     )
@@ -90,7 +94,7 @@ def _batch(spark: Any, rows: int, batch: int, workers: int, batch_rows: int) -> 
     new = spark.range(rows + batch * half, rows + (batch + 1) * half)
     df = existing.union(new).selectExpr(
         "id", f"concat('b{batch}-', cast(id as string)) as v", "cast(id % 1000 as int) as cat", f"cast({batch} as long) as batch")
-    df = df.repartition(workers, "id").cache()
+    df = df.repartition(TASKS, "id").cache()
     df.count()
     return df
 
@@ -116,9 +120,13 @@ def _summary(warehouse: Path) -> dict[str, str]:
     from pyiceberg.catalog.sql import SqlCatalog
 
     catalog = SqlCatalog("lakesink", uri=f"sqlite:///{warehouse}/catalog.db", warehouse=f"file://{warehouse}")
-    snapshot = catalog.load_table(IDENT).metadata.current_snapshot()
-    assert snapshot is not None and snapshot.summary is not None
-    return dict(snapshot.summary.additional_properties)
+    metadata = catalog.load_table(IDENT).metadata
+    # The batch's own snapshot: maintenance may have committed a compaction after it.
+    for snapshot in sorted(metadata.snapshots, key=lambda s: -(s.sequence_number or 0)):
+        props = snapshot.summary.additional_properties if snapshot.summary else {}
+        if props.get("lakesink.compaction") != "true":
+            return dict(props)
+    raise AssertionError("no batch snapshot")
 
 
 def _dir_bytes(path: Path) -> int:
@@ -140,7 +148,7 @@ def _phase(cluster_root: Path, warehouse: Path, rows: int, workers: int, reps: i
     cluster = Cluster(cluster_root)
     cluster.start_master()
     for _ in range(workers):
-        cluster.start_worker(memory="2g")
+        cluster.start_worker(memory="3g", cores=TASKS // workers)
     spark = _session(cluster, workers)
     out: dict[str, Any] = {"workers": workers}
     try:
@@ -157,11 +165,27 @@ def _phase(cluster_root: Path, warehouse: Path, rows: int, workers: int, reps: i
         out["steady"] = steady
         out["index_bytes_per_host"] = [_index_bytes(h) for h in cluster.homes]
         if fresh:
+            # The floor of any fresh worker's first batch: a plain append (no key index) on a
+            # new worker, then on the same worker warm.
+            plain = {**_options(warehouse), "table": "bench.plain"}
+            spark.range(1).selectExpr("id", "'x' as v", "0 as cat", "cast(0 as long) as batch").write.format("lakesink") \
+                .options(**plain).mode("append").save()  # the table exists before the timed writes
+            for label in ("fresh_append", "warm_append"):
+                if label == "fresh_append":
+                    cluster.kill_worker(len(cluster.homes) - 1)
+                    cluster.start_worker(memory="3g", cores=TASKS // workers)
+                    _wait_for_executors(spark, workers)
+                df = _batch(spark, rows, 0, workers, batch_rows)
+                t0 = time.perf_counter()
+                df.write.format("lakesink").options(**plain).mode("append").save()
+                out[label] = round(time.perf_counter() - t0, 3)
+                df.unpersist()
+            log(f"    plain append on a fresh worker {out['fresh_append']:.2f} s, warm {out['warm_append']:.2f} s")
             for copies in (True, False):
                 if not copies:
                     shutil.rmtree(warehouse / "bench" / "keyed" / "lakesink-index", ignore_errors=True)
                 cluster.kill_worker(len(cluster.homes) - 1)
-                cluster.start_worker(memory="2g")
+                cluster.start_worker(memory="3g", cores=TASKS // workers)
                 _wait_for_executors(spark, workers)
                 batch += 1
                 joined = _upsert(spark, warehouse, rows, batch, workers, batch_rows)
@@ -214,6 +238,8 @@ def run(sizes: list[int], reps: int, batch_rows: int, workdir: Path, out_dir: Pa
             "two_index_s": _median(two["steady"], "index_seconds"),
             "fresh_with_copy_s": two["fresh_with_copy"]["seconds"],
             "fresh_without_copy_s": two["fresh_without_copy"]["seconds"],
+            "fresh_append_s": two["fresh_append"],
+            "warm_append_s": two["warm_append"],
             "index_bytes_one_host": one["index_bytes_per_host"],
             "index_bytes_two_hosts": two["index_bytes_per_host"],
         }
@@ -241,8 +267,8 @@ def render(results: dict[str, Any]) -> str:
         f"(key index); medians. Host probe {results['host_probe_start']} -> {results['host_probe_end']}; "
         f"{results['total_seconds'] / 60:.1f} min in all.",
         "",
-        "| rows | 1 host: batch / index s | 2 hosts: batch / index s | index 2/1 (<= 1.3) | batch 2/1 | fresh worker, copy: s (x steady, <= 3 at 10M) | fresh worker, rebuild: s | index MB per host (1 / 2 hosts) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| rows | 1 host: batch / index s | 2 hosts: batch / index s | index 2/1 (<= 1.3) | batch 2/1 | fresh worker, copy: s (x steady, <= 3 at 10M) | fresh worker, rebuild: s | plain append, fresh / warm worker: s | index MB per host (1 / 2 hosts) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for entry in results["sizes"]:
         s = entry["summary"]
@@ -251,7 +277,7 @@ def render(results: dict[str, Any]) -> str:
         lines.append(
             f"| {entry['rows']:,} | {s['one_batch_s']:.2f} / {s['one_index_s']:.2f} | {s['two_batch_s']:.2f} / {s['two_index_s']:.2f} | "
             f"{s['two_over_one_index']:.2f} | {s['two_over_one_batch']:.2f} | {s['fresh_with_copy_s']:.2f} ({s['fresh_over_steady']:.2f}x) | "
-            f"{s['fresh_without_copy_s']:.2f} | {one_mb} / {two_mb} |"
+            f"{s['fresh_without_copy_s']:.2f} | {s['fresh_append_s']:.2f} / {s['warm_append_s']:.2f} | {one_mb} / {two_mb} |"
         )
     lines += ["", "Per batch (seconds, index seconds summed over tasks, what the hosts' indexes did):", ""]
     for entry in results["sizes"]:

@@ -61,13 +61,13 @@ class Cluster:
     def start_master(self) -> None:
         self._start("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(self.ui)], self.root / "master")
 
-    def start_worker(self, memory: str = "1g") -> Path:
-        """A worker with a new, empty HOME and one core; waits until the master counts it alive."""
+    def start_worker(self, memory: str = "1g", cores: int = 1) -> Path:
+        """A worker with a new, empty HOME; waits until the master counts it alive."""
         i = len(self.homes)
         home = self.root / f"worker{i}"
         self.homes.append(home)
         alive = _alive_workers(self.ui)
-        self._start(f"worker{i}", ["org.apache.spark.deploy.worker.Worker", self.master, "--cores", "1", "--memory", memory,
+        self._start(f"worker{i}", ["org.apache.spark.deploy.worker.Worker", self.master, "--cores", str(cores), "--memory", memory,
                                    "--webui-port", str(_free_port()), "--work-dir", str(home / "work")], home)
         self.wait_for_workers(alive + 1)
         return home

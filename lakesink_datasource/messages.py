@@ -56,6 +56,7 @@ class TaskStats(msgspec.Struct, array_like=True, frozen=True):
     partition_seconds: float = 0.0
     index_seconds: float = 0.0
     write_seconds: float = 0.0
+    index_sync_seconds: float = 0.0  # of index_seconds: bringing the host's index to the planned snapshot
 
 
 class TaskResult(msgspec.Struct, frozen=True):

@@ -96,6 +96,7 @@ def _extra_summary(
         # Task seconds summed over the batch's tasks, per phase: where the time goes.
         keys.PARTITION_SECONDS: f"{stats.partition_seconds:.3f}",
         keys.INDEX_SECONDS: f"{stats.index_seconds:.3f}",
+        keys.INDEX_SYNC_SECONDS: f"{stats.index_sync_seconds:.3f}",
         keys.WRITE_SECONDS: f"{stats.write_seconds:.3f}",
     }
     if query_id is not None and batch_id is not None:

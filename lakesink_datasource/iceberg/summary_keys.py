@@ -33,6 +33,7 @@ ROWS_WRITTEN = "lakesink.rows-written"
 ROWS_DELETED = "lakesink.rows-deleted"
 PARTITION_SECONDS = "lakesink.partition-seconds"
 INDEX_SECONDS = "lakesink.index-seconds"
+INDEX_SYNC_SECONDS = "lakesink.index-sync-seconds"  # of those: the hosts' indexes following the table
 WRITE_SECONDS = "lakesink.write-seconds"
 COMMIT_PREPARE_SECONDS = "lakesink.commit-prepare-seconds"  # driver: commit start until the snapshot is written
 # Rows this batch hides that a compaction committed meanwhile had moved: found again by

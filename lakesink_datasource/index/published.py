@@ -4,8 +4,9 @@ A host whose index cannot be walked to the planned snapshot (none yet: a new exe
 lost node, a restarted cluster; its snapshot expired) would read the whole table's key
 columns. Instead it takes a published copy and walks from there:
 
-- Every so often (`PUBLISH_EVERY` snapshots, and once the index holds enough keys to be
-  worth it) a host whose index is clean (its state a committed snapshot, no undo pending)
+- Once the rows written since the last copy reach a tenth of the index's keys (a cold
+  host then walks at most that much history), and once the index holds enough keys to be
+  worth it, a host whose index is clean (its state a committed snapshot, no undo pending)
   copies its LMDB environments (compacted, from read transactions opened while it holds
   every shard's lock, so the copy is exactly that snapshot) in a background thread and
   uploads them through the table's FileIO to
@@ -47,7 +48,11 @@ log = logging.getLogger("lakesink")
 PUBLISHED_DIR = "lakesink-index"
 MANIFEST = "manifest.json"
 KEEP = 2  # complete copies kept per table
-PUBLISH_EVERY = 20  # snapshots between two copies a host publishes
+# A copy is due once the rows written since the last one (what a cold host would walk) reach
+# this share of the index's keys, and at least MIN_CHANGED_ROWS: a copy costs a compacted
+# copy of the whole index in a background thread, so it is not made after every batch.
+CHANGED_FRACTION = 0.1
+MIN_CHANGED_ROWS = 100_000
 MIN_KEYS = 100_000  # below this a rebuild is cheap: nothing is published
 _CHUNK = 8 << 20
 
@@ -93,11 +98,13 @@ def maybe_publish(index: ShardedIndex, io: FileIO, metadata: TableMetadata, colu
     state = index.get_state()
     if state is None or state.snapshot_id is None or state.tombstone_floor is not None or index.pending_tokens():
         return False
-    last = index.files.last_published()
-    if last is not None and (state.sequence_number or 0) - last < PUBLISH_EVERY:
-        return False
     keys = index.count()
-    if keys < MIN_KEYS or not _publishing.acquire(blocking=False):
+    if keys < MIN_KEYS:
+        return False
+    last = index.files.last_published()
+    if last is not None and _rows_written_since(metadata, last) < max(MIN_CHANGED_ROWS, CHANGED_FRACTION * keys):
+        return False
+    if not _publishing.acquire(blocking=False):
         return False
     try:
         snapshot = index.read_snapshot()  # read transactions: the copy is exactly this state
@@ -125,6 +132,19 @@ def maybe_publish(index: ShardedIndex, io: FileIO, metadata: TableMetadata, colu
 
     threading.Thread(target=run, name="lakesink-index-publish", daemon=True).start()
     return True
+
+
+def _rows_written_since(metadata: TableMetadata, sequence_number: int) -> int:
+    """Rows the snapshots after `sequence_number` added, compactions aside (a cold host follows
+    those through move maps, cheaply)."""
+    rows = 0
+    for snapshot in ancestors(metadata):
+        if (snapshot.sequence_number or 0) <= sequence_number:
+            break
+        summary = snapshot.summary
+        if summary is not None and summary.operation.value != "replace":
+            rows += int(summary.additional_properties.get("added-records", 0))
+    return rows
 
 
 def wait_for_publishing() -> None:

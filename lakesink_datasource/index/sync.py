@@ -31,6 +31,7 @@ recorded (`begin_catch_up`): a task planned against that same snapshot replays t
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -59,13 +60,15 @@ class SyncReport:
     snapshots: int = 0  # snapshots walked
     followed: int = 0  # of them, followed from their changes (other hosts' parts, other writers)
     reason: str | None = None  # why the index was rebuilt or fetched
+    start_seconds: float = 0.0  # the rebuild, or the copy's download
 
     def describe(self) -> str:
         if self.action == "current":
             return "current"
         if self.action == "caught up":
             return f"caught up {self.snapshots} snapshot(s)"
-        return f"{self.action} ({self.reason})"
+        how = "from a published copy" if self.action == "fetched" else "from the table"
+        return f"{self.action} {how} in {self.start_seconds:.1f} s, then caught up {self.snapshots} snapshot(s) ({self.reason})"
 
 
 # Starts an index over from scratch when it cannot be followed: (reason) -> whether it did
@@ -99,11 +102,13 @@ def sync(
         if reason is None:
             return report
         _rollback_uncommitted(index, write_id, committed=set())
+        started = time.perf_counter()
+        report.snapshots = 0
         if fetch is not None and report.action != "fetched" and fetch(reason):
-            report.action, report.reason = "fetched", reason
+            report.action, report.reason, report.start_seconds = "fetched", reason, time.perf_counter() - started
             continue
         rebuild(index, io, metadata, columns, stored, reason=reason)
-        report.action, report.reason = "rebuilt", reason
+        report.action, report.reason, report.start_seconds = "rebuilt", reason, time.perf_counter() - started
         return report
     raise AssertionError("unreachable: a fetched copy is walked once")
 

@@ -120,7 +120,7 @@ class KeyedWriter:
                 self.sync_report = synced(self._index)
             # A clean index at a committed snapshot: now and then a copy for cold hosts.
             maybe_publish(self._index, io, metadata, columns, self.host)
-        self.index_seconds = time.perf_counter() - started
+        self.index_seconds = self.sync_seconds = time.perf_counter() - started
         state = self._index.get_state()
         self._floor = state.tombstone_floor if state is not None else None
         self.tombstone_max: bytes | None = None  # the highest sequence this task's deletes carry (encoded)

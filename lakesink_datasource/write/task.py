@@ -239,6 +239,7 @@ def write_task(
         bytes_written=sum(f.file_size_in_bytes for f in files),
         partition_seconds=partition_seconds,
         index_seconds=index_seconds,
+        index_sync_seconds=keyed.sync_seconds if keyed else 0.0,
         write_seconds=max(0.0, write_seconds - index_seconds),
     )
     if keyed is None:

@@ -173,7 +173,8 @@ def test_an_attempt_lost_with_its_executor_is_undone_on_its_host() -> None:
 @pytest.fixture
 def publish_often(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(published, "MIN_KEYS", 0)
-    monkeypatch.setattr(published, "PUBLISH_EVERY", 1)
+    monkeypatch.setattr(published, "MIN_CHANGED_ROWS", 0)
+    monkeypatch.setattr(published, "CHANGED_FRACTION", 0)
 
 
 def test_a_cold_host_starts_from_a_published_copy_and_catches_up(publish_often: None) -> None:
@@ -217,4 +218,5 @@ def test_a_damaged_published_copy_is_skipped_and_the_host_rebuilds(publish_often
         _outcome, results = harness.run_batch_on_hosts(labelled[2], 2, [2])
         model.apply_batch(labelled[2])
         harness.assert_matches(model.expected(), "after the batch on the cold host")
-        assert results[0].index_sync.startswith("rebuilt (no index on this host yet"), results[0].index_sync
+        assert results[0].index_sync.startswith("rebuilt from the table in "), results[0].index_sync
+        assert results[0].index_sync.endswith("(no index on this host yet (or one whose shards disagree))"), results[0].index_sync
