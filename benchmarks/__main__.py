@@ -154,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     scale.add_argument("--out", help="where SCALE-OUT.md and scale_out.json go (default benchmarks/)")
     scale.set_defaults(func=lambda a: __import__("benchmarks.scale_out", fromlist=["x"]).main_args(
         a.sizes, a.reps, a.batch_rows, a.workdir, a.out))
+    req = sub.add_parser("requests", help="S3 requests per batch on SeaweedFS, REST and SQL catalogs -> OBJECT-STORE.md")
+    req.add_argument("--batches", type=int, default=8)
+    req.add_argument("--rows", type=int, default=10_000)
+    req.add_argument("--out", help="where OBJECT-STORE.md and object_store.json go (default benchmarks/)")
+    req.set_defaults(func=lambda a: __import__("benchmarks.object_store_requests", fromlist=["x"]).main_args(a.batches, a.rows, a.out))
     lst = sub.add_parser("list", help="list the scenarios")
     lst.set_defaults(func=lambda a: [print(f"{s.id}\t{s.key}\t{s.title}") for s in __import__("benchmarks.scenarios", fromlist=["x"]).SCENARIOS] and 0)
     args = parser.parse_args(argv)

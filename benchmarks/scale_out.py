@@ -183,7 +183,7 @@ def _phase(cluster_root: Path, warehouse: Path, rows: int, workers: int, reps: i
             log(f"    plain append on a fresh worker {out['fresh_append']:.2f} s, warm {out['warm_append']:.2f} s")
             for copies in (True, False):
                 if not copies:
-                    shutil.rmtree(warehouse / "bench" / "keyed" / "lakesink-index", ignore_errors=True)
+                    shutil.rmtree(warehouse / "bench" / "keyed" / "_lakesink_index", ignore_errors=True)
                 cluster.kill_worker(len(cluster.homes) - 1)
                 cluster.start_worker(memory="3g", cores=TASKS // workers)
                 _wait_for_executors(spark, workers)

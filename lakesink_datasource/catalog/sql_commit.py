@@ -20,6 +20,7 @@ import threading
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.serializers import ToOutputFile
 from pyiceberg.table import CommitTableResponse, Table
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.update import TableRequirement, TableUpdate
@@ -27,6 +28,7 @@ from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import Session
 
 from lakesink_datasource.iceberg.compat import apply_updates, v3_metadata_writes
+from lakesink_datasource.iceberg.s3_region import settle_s3_region
 
 _tables: dict[tuple[int, str], Table] = {}  # (catalog object, table name) -> last loaded/committed
 _lock = threading.Lock()
@@ -50,7 +52,7 @@ def load_table(catalog: Catalog, identifier: str) -> Table:
     """`catalog.load_table(identifier)`, reusing the last parsed table while the catalog still
     points at its metadata file (NoSuchTableError if there is no such table)."""
     if not _fast(catalog):
-        return catalog.load_table(identifier)
+        return _settled(catalog.load_table(identifier))
     assert isinstance(catalog, SqlCatalog)
     with Session(catalog.engine) as session:
         location = session.execute(select(IcebergTables.metadata_location).where(*_where(catalog, identifier))).scalar()
@@ -61,8 +63,14 @@ def load_table(catalog: Catalog, identifier: str) -> Table:
         cached = _tables.get(key)
     if cached is not None and cached.metadata_location == location:
         return cached
-    table = catalog.load_table(identifier)
+    table = _settled(catalog.load_table(identifier))
     _remember(catalog, table)
+    return table
+
+
+def _settled(table: Table) -> Table:
+    # Before the FileIO opens its first file: a REST catalog may vend an endpoint without a region.
+    settle_s3_region(table.io.properties)
     return table
 
 
@@ -86,7 +94,9 @@ def commit(table: Table, requirements: tuple[TableRequirement, ...], updates: tu
     version = catalog._parse_metadata_version(table.metadata_location) + 1
     location = load_location_provider(new.location, new.properties).new_table_metadata_file_location(version)
     with v3_metadata_writes():
-        catalog._write_metadata(metadata=new, io=table.io, metadata_path=location)
+        # A new name (a fresh uuid in it) is never taken: overwrite, so no existence check
+        # costs a request on an object store.
+        ToOutputFile.table_metadata(new, table.io.new_output(location), overwrite=True)
     identifier = ".".join(table.name())
     with Session(catalog.engine) as session:
         changed = session.execute(

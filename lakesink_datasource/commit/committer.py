@@ -330,7 +330,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
     if delta.is_empty:
         return CommitOutcome(None, "nothing to commit", 0, stats)
 
-    producer = SnapshotProducer(table.io, metadata, delta, branch=plan.options.branch)
+    producer = SnapshotProducer(table.io, metadata, delta, branch=plan.options.branch, settings=_write_settings(plan, metadata))
     written_schema = _written_schema(results)
     written_spec = _written_spec(results)
     extra = _extra_summary(min(write_ids), query_id, batch_id, stats, plan.options)

@@ -107,13 +107,19 @@ class _Attempt:
 
 
 class SnapshotProducer:
-    def __init__(self, io: FileIO, metadata: TableMetadata, delta: RowDelta, branch: str | None = None):
+    def __init__(
+        self, io: FileIO, metadata: TableMetadata, delta: RowDelta, branch: str | None = None,
+        settings: TableSettings | None = None,
+    ):
+        """`settings`: the table's settings as the write sees them (its `property.<key>`
+        options over the table's properties: they land with this commit and govern it);
+        default: the table's own."""
         self._io = io
         self._delta = delta
         self.branch = branch  # None: main
         self.snapshot_id = new_snapshot_id()
         self._commit_uuid = uuid.uuid4()
-        self._settings = settings = TableSettings.of_table(metadata)
+        self._settings = settings = settings or TableSettings.of_table(metadata)
         self._metadata_dir = settings.metadata_path
         self._data_dir = settings.data_path
         self._avro_codec = settings.avro_codec

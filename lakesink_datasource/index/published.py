@@ -10,7 +10,7 @@ columns. Instead it takes a published copy and walks from there:
   copies its LMDB environments (compacted, from read transactions opened while it holds
   every shard's lock, so the copy is exactly that snapshot) in a background thread and
   uploads them through the table's FileIO to
-  `<table location>/lakesink-index/<sequence>-<snapshot id>/`, `manifest.json` last.
+  `<table location>/_lakesink_index/<sequence>-<snapshot id>-<host>/`, `manifest.json` last.
 - A cold host lists the copies, takes the newest one whose snapshot is in the planned
   snapshot's history, checks every file's size and SHA-256 against the manifest (and the
   table, key columns and shard count), puts the files in place of its own environments and
@@ -45,7 +45,10 @@ from lakesink_datasource.index.sharded_index import IndexSnapshot, ShardedIndex
 
 log = logging.getLogger("lakesink")
 
-PUBLISHED_DIR = "lakesink-index"
+# At the table's root, with a leading '_' (a directory engines treat as not the table's) and
+# no hyphen: S3 table buckets (SeaweedFS's, for one) refuse any other name outside data/ and
+# metadata/, and refuse index files inside them.
+PUBLISHED_DIR = "_lakesink_index"
 MANIFEST = "manifest.json"
 KEEP = 2  # complete copies kept per table
 # A copy is due once the rows written since the last one (what a cold host would walk) reach

@@ -61,6 +61,10 @@ def maintain_after_commit(
             log.info("lakesink: compaction after batch %s: %s in %.3f s", batch_id, result.describe(), result.seconds)
         elif result.skipped_reason not in (None, "nothing to compact"):
             log.info("lakesink: compaction after batch %s skipped: %s", batch_id, result.describe())
+        if result.snapshot_id is not None:
+            # The scan must see the compaction's own files as referenced: from the table as
+            # the compaction left it, not as the batch did.
+            table = sql_commit.load_table(loader.load(plan.catalog), plan.identifier)
         _maybe_remove_orphans(table, settings)
         return result
     except Exception:

@@ -34,6 +34,7 @@ from lakesink_datasource.table.partition_spec import describe_spec, parse_partit
 from lakesink_datasource.table.plan import KeyedPlan, WritePlan
 from lakesink_datasource.table.schema_staging import stage_evolution
 from lakesink_datasource.table.spec_staging import stage_spec
+from lakesink_datasource.table.store_probe import StoreRefusesFiles, check_puffin_accepted
 
 
 def load_table(catalog: Catalog, identifier: str) -> Table | None:
@@ -339,6 +340,14 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
     except PropertyError as exc:
         raise OptionError(f"{exc} (table {options.table}); fix it with property.{exc.name}=...") from None
     keyed = _plan_keys(options, spark_schema, table)
+    if table.metadata.format_version >= 3 and (keyed is not None or (overwrite and options.replace_where is not None)):
+        settings = TableSettings.of({**table.metadata.properties, **options.table_properties}, table.metadata.location)
+        try:
+            check_puffin_accepted(table.io, settings.data_path, options.table, table.metadata.location)
+        except StoreRefusesFiles:
+            if created:  # the location was only known once created: take the empty table back
+                table.catalog.drop_table(options.table)
+            raise
     evolution = Evolution(table.schema()) if created else _evolution(options, spark_schema, table, keyed)
     new_spec = None if created else _check_layout_matches(options, table, evolution.schema)
     sources = _column_sources(options, spark_schema, evolution.schema)
