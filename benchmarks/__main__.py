@@ -76,6 +76,14 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stream_append(args: argparse.Namespace) -> int:
+    from benchmarks import stream_append
+    from benchmarks.harness import BENCH_DIR
+
+    stream_append.EXTRA.update(dict(o.split("=", 1) for o in args.lakesink_option))
+    return stream_append.main(reps=args.reps, java=not args.no_java, out=Path(args.out).resolve() if args.out else BENCH_DIR)
+
+
 def _report(args: argparse.Namespace) -> int:
     """Rebuild RESULTS.md and results.png from a results.json (no benchmark is run)."""
     import json
@@ -159,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     req.add_argument("--rows", type=int, default=10_000)
     req.add_argument("--out", help="where OBJECT-STORE.md and object_store.json go (default benchmarks/)")
     req.set_defaults(func=lambda a: __import__("benchmarks.object_store_requests", fromlist=["x"]).main_args(a.batches, a.rows, a.out))
+    sa = sub.add_parser("stream-append", help="streaming appends beside the floor of a Python sink -> STREAM-APPEND.md")
+    sa.add_argument("--reps", type=int, default=3, help="runs per sink and case (default 3)")
+    sa.add_argument("--no-java", action="store_true", help="without Iceberg Java's sink (Spark 3.5)")
+    sa.add_argument("--lakesink-option", action="append", default=[], help="key=value added to both lakesink sides")
+    sa.add_argument("--out", help="where STREAM-APPEND.md and stream_append.json go (default benchmarks/)")
+    sa.set_defaults(func=_stream_append)
     lst = sub.add_parser("list", help="list the scenarios")
     lst.set_defaults(func=lambda a: [print(f"{s.id}\t{s.key}\t{s.title}") for s in __import__("benchmarks.scenarios", fromlist=["x"]).SCENARIOS] and 0)
     args = parser.parse_args(argv)

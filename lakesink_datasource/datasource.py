@@ -11,8 +11,10 @@ Driver:   writer.commit(messages[, batchId]) -> commit.committer.commit_write (o
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 
+import msgspec
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
@@ -25,10 +27,12 @@ from pyspark.sql.types import StructType
 from lakesink_datasource.catalog import loader
 from lakesink_datasource.commit.committer import abort_write, commit_write
 from lakesink_datasource.maintenance.after_batch import maintain_after_commit
+from lakesink_datasource.maintenance.background import report_background, table_turn
+from lakesink_datasource.maintenance.compaction import CompactionResult
 from lakesink_datasource.maintenance.tombstone_storing import store_tombstones_before_commit, store_tombstones_safely
 from lakesink_datasource.messages import decode_messages
-from lakesink_datasource.options import OptionError, parse_options
-from lakesink_datasource.progress import report_batch
+from lakesink_datasource.options import OptionError, WriteOptions, parse_options
+from lakesink_datasource.progress import BatchTiming, report_batch
 from lakesink_datasource.read.batch import LakeSinkFilteringReader, LakeSinkReader, filter_pushdown_enabled
 from lakesink_datasource.read.changes import CHANGE_TYPE, COMMIT_SNAPSHOT_ID
 from lakesink_datasource.read.options import parse_read_options
@@ -84,7 +88,7 @@ class LakeSinkDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> LakeSinkBatchWriter:
         settle_imports()
-        return LakeSinkBatchWriter(plan_write(parse_options(self.options), schema, overwrite))
+        return LakeSinkBatchWriter(_timed_plan(parse_options(self.options), schema, overwrite))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> LakeSinkStreamWriter:
         settle_imports()  # the planning worker and the commit runner both call this
@@ -94,27 +98,51 @@ class LakeSinkDataSource(DataSource):
                 "options 'txn_app_id' and 'txn_version' apply to batch writes (for example inside foreachBatch, "
                 "with the batch id as txn_version); a streaming query's batches are already exactly once"
             )
-        return LakeSinkStreamWriter(plan_write(options, schema, overwrite))
+        return LakeSinkStreamWriter(_timed_plan(options, schema, overwrite))
+
+
+def _timed_plan(options: WriteOptions, schema: StructType, overwrite: bool) -> WritePlan:
+    # Spark plans every micro-batch anew: where the batch's time starts, for the progress line.
+    planned_at, started = time.time(), time.perf_counter()
+    plan = plan_write(options, schema, overwrite)
+    return msgspec.structs.replace(plan, planned_at=planned_at, plan_seconds=time.perf_counter() - started)
 
 
 def _commit(plan: WritePlan, messages: list[WriterCommitMessage | None], batch_id: int | None) -> None:
     """One batch's commit in the driver: its snapshot, then what follows from it."""
+    commit_started = time.time()
+    results = decode_messages(messages)
     sequenced = plan.keyed is not None and plan.keyed.sequence_source is not None
-    if sequenced:
-        # Deletes of a batch whose storing did not happen are stored before this commit
-        # may expire the snapshot that names them: if they cannot be, the batch does not commit.
-        store_tombstones_before_commit(loader.load(plan.catalog), plan.identifier, loader.describe(plan.catalog))
-    outcome = commit_write(plan, decode_messages(messages), batch_id=batch_id)
     compaction = None
-    if outcome.snapshot_id is not None:
+    # The table's turn on this host: a compaction still running beside this batch
+    # (maintenance=background) lands first, so snapshots keep the order they have with auto.
+    with table_turn(plan.catalog, plan.identifier) as in_background:
         if sequenced:
-            store_tombstones_safely(loader.load(plan.catalog), plan.identifier, outcome.table)
-        if plan.options.branch is None:  # maintenance keeps main; a branch is published into it
-            compaction = maintain_after_commit(
-                plan, outcome.stats.bytes_written, batch_id=batch_id, table=outcome.table, batch_files=outcome.data_files
-            )
+            # Deletes of a batch whose storing did not happen are stored before this commit
+            # may expire the snapshot that names them: if they cannot be, the batch does not commit.
+            store_tombstones_before_commit(loader.load(plan.catalog), plan.identifier, loader.describe(plan.catalog))
+        outcome = commit_write(plan, results, batch_id=batch_id)
+        commit_ended = time.time()
+        if outcome.snapshot_id is not None:
+            if sequenced:
+                store_tombstones_safely(loader.load(plan.catalog), plan.identifier, outcome.table)
+            if plan.options.branch is None:  # maintenance keeps main; a branch is published into it
+                table = outcome.table
+
+                def maintain() -> CompactionResult | None:
+                    return maintain_after_commit(
+                        plan, outcome.stats.bytes_written, batch_id=batch_id, table=table, batch_files=outcome.data_files
+                    )
+
+                if plan.options.maintenance == "background" and batch_id is not None:
+                    in_background(lambda: report_background(plan.options.table, batch_id, maintain(), plan.options.progress))
+                else:
+                    compaction = maintain()
     if plan.options.progress:
-        report_batch(plan.options.table, batch_id, outcome, compaction)
+        timing = BatchTiming.of(
+            plan, results, commit_started=commit_started, commit_ended=commit_ended, ended=time.time()
+        )
+        report_batch(plan.options.table, batch_id, outcome, compaction, timing)
 
 
 class LakeSinkBatchWriter(DataSourceArrowWriter):

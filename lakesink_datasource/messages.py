@@ -57,6 +57,8 @@ class TaskStats(msgspec.Struct, array_like=True, frozen=True):
     index_seconds: float = 0.0
     write_seconds: float = 0.0
     index_sync_seconds: float = 0.0  # of index_seconds: bringing the host's index to the planned snapshot
+    task_seconds: float = 0.0  # the task's wall time, from its start to its commit message
+    input_wait_seconds: float = 0.0  # of task_seconds: waiting for Spark to hand over the next rows
 
 
 class TaskResult(msgspec.Struct, frozen=True):
@@ -93,6 +95,10 @@ class TaskResult(msgspec.Struct, frozen=True):
     # Spark's session setting spark.sql.sources.partitionOverwriteMode as the task saw it
     # (Spark hands a session's explicitly set SQL settings to tasks, not to the planner).
     session_overwrite_mode: str | None = None
+    # When the driver planned the write this task ran for (epoch seconds) and how long that
+    # planning took: the commit runs on a plan of its own, so a batch's start travels here.
+    planned_at: float = 0.0
+    plan_seconds: float = 0.0
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -20,7 +20,7 @@ from lakesink_datasource.iceberg.properties import validate as validate_properti
 
 OPERATIONS = ("append", "upsert", "cdc", "dedupe")
 KEYED_OPERATIONS = ("upsert", "cdc", "dedupe")
-MAINTENANCE_MODES = ("auto", "off")
+MAINTENANCE_MODES = ("auto", "background", "off")
 OVERWRITE_MODES = ("static", "dynamic")
 DEFAULT_WAREHOUSE = "./lakesink-warehouse"
 

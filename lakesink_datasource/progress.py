@@ -9,10 +9,56 @@ are in the snapshot summary (`lakesink.*`, `added-*`) for anything that reads th
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import TextIO
 
 from lakesink_datasource.commit.committer import CommitOutcome
 from lakesink_datasource.maintenance.compaction import CompactionResult
+from lakesink_datasource.messages import TaskResult
+from lakesink_datasource.table.plan import WritePlan
+
+
+@dataclass(frozen=True)
+class BatchTiming:
+    """Where one batch's wall time went, from the driver's planning to the end of the work
+    after its commit. A user reading only lakesink's own figures would miss what lakesink
+    waited for (Spark handing over rows, scheduling, the Python workers' round trips), and
+    that was most of a small batch: `spark` is the rest of the wall time."""
+
+    total: float
+    plan: float
+    tasks: float  # the slowest task's wall time: the batch's critical path through its tasks
+    waiting: float  # of `tasks`: that task waiting for Spark to hand over rows
+    commit: float
+    after: float  # maintenance, tombstones: what follows the commit before Spark goes on
+
+    @property
+    def spark(self) -> float:
+        return max(0.0, self.total - self.plan - self.tasks - self.commit - self.after)
+
+    @classmethod
+    def of(
+        cls, plan: WritePlan, results: list[TaskResult], *, commit_started: float, commit_ended: float, ended: float
+    ) -> BatchTiming:
+        # The commit runs on a writer Spark planned separately: the batch began when its
+        # tasks' plan did. Tasks of another planning call (none today) fall back to the commit's.
+        starts = [r.planned_at for r in results if r.planned_at > 0] or [plan.planned_at or commit_started]
+        plans = [r.plan_seconds for r in results if r.planned_at > 0] or [plan.plan_seconds]
+        slowest = max(results, key=lambda r: r.stats.task_seconds, default=None)
+        return cls(
+            total=max(0.0, ended - min(starts)),
+            plan=max(plans),
+            tasks=slowest.stats.task_seconds if slowest is not None else 0.0,
+            waiting=slowest.stats.input_wait_seconds if slowest is not None else 0.0,
+            commit=commit_ended - commit_started,
+            after=ended - commit_ended,
+        )
+
+    def describe(self) -> str:
+        return (
+            f"batch {self.total:.2f} s: plan {self.plan:.2f}, tasks {self.tasks:.2f} ({self.waiting:.2f} waiting for rows), "
+            f"commit {self.commit:.2f}, maintenance {self.after:.2f}, Spark {self.spark:.2f}"
+        )
 
 
 def _size(n: int) -> str:
@@ -24,7 +70,10 @@ def _size(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def describe_batch(table: str, batch_id: int | None, outcome: CommitOutcome, compaction: CompactionResult | None) -> str:
+def describe_batch(
+    table: str, batch_id: int | None, outcome: CommitOutcome, compaction: CompactionResult | None,
+    timing: BatchTiming | None = None,
+) -> str:
     what = f"lakesink {table} " + (f"batch {batch_id}" if batch_id is not None else "write")
     if outcome.snapshot_id is None:
         return f"{what}: {outcome.skipped_reason}; nothing committed"
@@ -35,7 +84,8 @@ def describe_batch(table: str, batch_id: int | None, outcome: CommitOutcome, com
     line = (
         f"{what}: {s.rows_in:,} rows in, {s.rows_written:,} written, {outcome.rows_hidden:,} old rows hidden{deleted}"
         f" | {outcome.data_files} files, {outcome.deletion_vectors} {deletes}, {_size(s.bytes_written)}"
-        f" | tasks {s.partition_seconds + s.index_seconds + s.write_seconds:.2f} s, commit {outcome.seconds:.2f} s"
+        + (f" | {timing.describe()}" if timing is not None else f" | commit {outcome.seconds:.2f} s")
+        + f" | lakesink in tasks {s.partition_seconds + s.index_seconds + s.write_seconds:.2f} s"
         f" | snapshot {outcome.snapshot_id}"
     )
     if outcome.replaced is not None:
@@ -50,6 +100,7 @@ def describe_batch(table: str, batch_id: int | None, outcome: CommitOutcome, com
 
 
 def report_batch(
-    table: str, batch_id: int | None, outcome: CommitOutcome, compaction: CompactionResult | None, out: TextIO | None = None
+    table: str, batch_id: int | None, outcome: CommitOutcome, compaction: CompactionResult | None,
+    timing: BatchTiming | None = None, out: TextIO | None = None,
 ) -> None:
-    print(describe_batch(table, batch_id, outcome, compaction), file=out or sys.stderr, flush=True)
+    print(describe_batch(table, batch_id, outcome, compaction, timing), file=out or sys.stderr, flush=True)

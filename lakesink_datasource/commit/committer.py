@@ -243,7 +243,7 @@ def _attempt(
     base = table.metadata
     expired: list[int] = []
     # Expiry follows main: a commit to another branch leaves it to main's next commit.
-    if plan.options.maintenance == "auto" and plan.options.branch is None:
+    if plan.options.maintenance != "off" and plan.options.branch is None:
         settings = TableSettings.of({**base.properties, **plan.options.table_properties}, base.location)
         now_ms = int(time.time() * 1000)
         expired = snapshots_to_expire(base, now_ms, settings.max_snapshot_age_ms, settings.min_snapshots_to_keep, adds_head=True)

@@ -48,7 +48,7 @@ def maintain_after_commit(
 ) -> CompactionResult | None:
     """`table`: the table as the batch's commit left it (loaded from the catalog if not given);
     `batch_bytes`, `batch_files`: what the batch wrote."""
-    if plan.options.maintenance != "auto":
+    if plan.options.maintenance == "off":
         return None
     try:
         table = table or sql_commit.load_table(loader.load(plan.catalog), plan.identifier)

@@ -13,7 +13,8 @@ order, extra metadata columns) are read correctly.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -135,8 +136,7 @@ def rewrite_files(
     )
     splitter = PartitionSplitter(spec, schema)
     try:
-        for item in inputs:
-            rows = live_rows_with_lineage(io, item, target)
+        for item, rows in _read_ahead(inputs, lambda i: live_rows_with_lineage(io, i, target)):
             if item.entry.data_file.spec_id == spec.spec_id:
                 writer.write(encode_partition(spec, schema, item.entry.data_file.partition), rows)
             else:
@@ -162,6 +162,22 @@ def rewrite_files(
     # Readers know the lineage columns by their reserved ids; no metrics for them, as Java.
     lineage_ids = {ROW_ID_FIELD_ID, LAST_UPDATED_FIELD_ID}
     return [_without_fields(m, lineage_ids) for m in messages], delete
+
+
+def _read_ahead(inputs: Iterable[RewriteInput], read: Callable[[RewriteInput], pa.Table]) -> Iterator[tuple[RewriteInput, pa.Table]]:
+    """Each input with its rows, the next one read while the caller encodes this one: reading
+    (I/O, decompression, decoding) and encoding each took about half of a compaction, one
+    after the other, and pyarrow does both without holding the GIL. One file ahead at most,
+    so memory stays at two inputs' rows."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakesink-rewrite-read") as pool:
+        pending: tuple[RewriteInput, Future[pa.Table]] | None = None
+        for item in inputs:
+            upcoming = (item, pool.submit(read, item))
+            if pending is not None:
+                yield pending[0], pending[1].result()
+            pending = upcoming
+        if pending is not None:
+            yield pending[0], pending[1].result()
 
 
 def _without_fields(message: DataFileMessage, field_ids: set[int]) -> DataFileMessage:

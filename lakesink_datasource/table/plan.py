@@ -44,6 +44,9 @@ class WritePlan(msgspec.Struct, frozen=True, kw_only=True):
     evolved_from_schema_id: int | None = None
     # evolve_partition: the staged spec the tasks write with (None: the table's default spec).
     write_spec_id: int | None = None
+    # When planning began (epoch seconds) and how long it took: where a batch's time starts.
+    planned_at: float = 0.0
+    plan_seconds: float = 0.0
 
 
 def write_schema(plan: WritePlan, metadata: TableMetadata) -> Schema:

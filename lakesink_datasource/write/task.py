@@ -60,6 +60,25 @@ def _chunks(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordB
         yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
 
 
+class _Timed(Iterator[pa.RecordBatch]):
+    """Spark's batches, counting how long the task waits for each one: the part of a task
+    that is Spark's (the JVM's conversion to Arrow and its transfer), not lakesink's."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
+        self._batches = batches
+        self.waited = 0.0
+
+    def __iter__(self) -> _Timed:
+        return self
+
+    def __next__(self) -> pa.RecordBatch:
+        started = time.perf_counter()
+        try:
+            return next(self._batches)
+        finally:
+            self.waited += time.perf_counter() - started
+
+
 @dataclass(frozen=True)
 class TaskIdentity:
     """Which task attempt of which batch of which query this is."""
@@ -122,6 +141,8 @@ def _check_rows_match(row_filter: RowFilter, batch: pa.Table | pa.RecordBatch) -
 def write_task(
     plan: WritePlan, batches: Iterator[pa.RecordBatch], who: TaskIdentity | None = None
 ) -> LakeSinkCommitMessage:
+    task_started = time.perf_counter()
+    batches = timed = _Timed(iter(batches))
     who = who or TaskIdentity.from_spark()
     if plan.keyed is not None and who.speculation:
         # Two live attempts of one task would both resolve their keys in the host's index,
@@ -147,6 +168,8 @@ def write_task(
                 evolved_from_schema_id=plan.evolved_from_schema_id,
                 write_spec_id=plan.write_spec_id,
                 session_overwrite_mode=who.overwrite_mode,
+                planned_at=plan.planned_at,
+                plan_seconds=plan.plan_seconds,
                 **kwargs,
             )
         )
@@ -241,6 +264,8 @@ def write_task(
         index_seconds=index_seconds,
         index_sync_seconds=keyed.sync_seconds if keyed else 0.0,
         write_seconds=max(0.0, write_seconds - index_seconds),
+        task_seconds=time.perf_counter() - task_started,
+        input_wait_seconds=timed.waited,
     )
     if keyed is None:
         return result(data_files=files, stats=stats)

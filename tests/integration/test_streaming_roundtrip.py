@@ -13,6 +13,7 @@ from lakesink_testing import assert_readers_see, expected_rows, load
 
 from lakesink_datasource.check import check_table
 from lakesink_datasource.iceberg.summary_keys import EPOCH_ID, QUERY_ID
+from lakesink_datasource.maintenance.background import wait_for_table
 
 COLUMNS = ["id", "name", "amount", "ts"]
 
@@ -93,6 +94,31 @@ def test_a_stream_compacts_its_small_files_between_batches(spark, tmp_path: Path
     assert len(list(off.scan().plan_files())) == 6
     assert len(list(auto.scan().plan_files())) < 4
     assert check_table(auto) == []
+
+
+def test_background_maintenance_compacts_beside_the_next_batch_in_the_same_order(spark, tmp_path: Path, warehouse: str) -> None:
+    """maintenance=background: a batch's compaction runs while Spark runs the next batch, and
+    the next commit waits for it, so the table gets the same snapshots, in the same order,
+    as with auto (the last batch's compaction finishes after the query: waited for here)."""
+    source, written = tmp_path / "source", []
+    for batch in range(7):
+        records = make_rows(batch * 20, 20)
+        write_source_file(source, batch, records)
+        written += records
+    for mode in ("auto", "background"):
+        options = {"table": f"db.{mode}", "warehouse": warehouse, "maintenance": mode}
+        run_available_now(spark, source, tmp_path / f"checkpoint-{mode}", **options)
+        wait_for_table(options)
+        assert_readers_see(warehouse, f"db.{mode}", expected_rows(written, ["id", "name", "ts"]), ["id", "name", "ts"])
+    auto, background = load(warehouse, "db.auto"), load(warehouse, "db.background")
+
+    def history(table) -> list[str]:  # type: ignore[no-untyped-def]
+        return [s.summary.get(EPOCH_ID) or s.summary.operation.value for s in table.metadata.snapshots]
+
+    assert history(background) == history(auto)
+    assert history(auto).count("replace") >= 2 and history(auto)[-1] == "replace"  # the last compaction was waited for
+    assert len(list(background.scan().plan_files())) == len(list(auto.scan().plan_files()))
+    assert check_table(background) == []
 
 
 def test_foreach_batch_writing_every_batch_twice_leaves_each_row_once(spark, tmp_path: Path, warehouse: str) -> None:
