@@ -109,7 +109,7 @@ def test_a_property_option_reaches_an_existing_table_with_the_next_commit(wareho
         ({"property.commit.retry.num-retries": "many"}, "option 'property.commit.retry.num-retries'"),
         ({"property.write.parquet.compression-codec": "lzo"}, "must be one of zstd, snappy"),
         ({"property.commit.manifest-merge.enabled": "yes"}, "must be true or false"),
-        ({"maintenance": "sometimes"}, "option 'maintenance' must be one of auto, off"),
+        ({"maintenance": "sometimes"}, "option 'maintenance' must be one of auto, background, off"),
         ({"property.": "x"}, "needs a table property name"),
     ],
 )
