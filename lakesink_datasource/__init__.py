@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg import compat as _compat
 from lakesink_datasource.version import __version__
 
 _compat.check_version()  # fail at import, not at the first commit, on an unvetted pyiceberg
 
-__all__ = ["LakeSinkDataSource", "__version__", "cluster_by_partition"]
+__all__ = ["LakeSinkDataSource", "LakesinkError", "__version__", "cluster_by_partition"]
 
 
 def __getattr__(name: str) -> Any:

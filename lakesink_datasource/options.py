@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 import msgspec
 
+from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.properties import PropertyError
 from lakesink_datasource.iceberg.properties import validate as validate_properties
 
@@ -25,7 +26,7 @@ OVERWRITE_MODES = ("static", "dynamic")
 DEFAULT_WAREHOUSE = "./lakesink-warehouse"
 
 
-class OptionError(ValueError):
+class OptionError(LakesinkError, ValueError):
     """A write option is missing, unknown or malformed. Raised before anything is written."""
 
 

@@ -25,10 +25,11 @@ from pyiceberg.table.update import AssertRefSnapshotId, SetSnapshotRefUpdate
 
 from lakesink_datasource.catalog import sql_commit
 from lakesink_datasource.catalog.table_args import add_table_arguments, check_table_arguments, open_table_or_report
+from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.history import ancestors
 
 
-class PublishError(ValueError):
+class PublishError(LakesinkError, ValueError):
     """The branch cannot be published: missing, a tag, or not ahead of main."""
 
 

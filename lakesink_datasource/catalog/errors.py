@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from lakesink_datasource.errors import LakesinkError
 
-class CatalogError(RuntimeError):
+
+class CatalogError(LakesinkError, RuntimeError):
     """The catalog a write names cannot be configured, reached, or trusted."""
 
 

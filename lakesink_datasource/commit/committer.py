@@ -40,7 +40,8 @@ from lakesink_datasource.commit.schema_update import schema_updates
 from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
 from lakesink_datasource.commit.spec_update import default_spec_updates
 from lakesink_datasource.commit.swap import PreparedCommit, swap_in
-from lakesink_datasource.commit.validation import ConflictError
+from lakesink_datasource.commit.validation import ConflictError, ConflictKind
+from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg import summary_keys as keys
 from lakesink_datasource.iceberg.expiry import snapshots_to_expire
@@ -55,8 +56,16 @@ from lakesink_datasource.version import __version__
 
 log = logging.getLogger("lakesink")
 
-class CommitError(RuntimeError):
-    pass
+class CommitError(LakesinkError, RuntimeError):
+    """A batch's commit was refused; `conflict` names the rule when a concurrent change of the
+    table refused it (None: the batch itself cannot commit)."""
+
+    def __init__(self, message: str, conflict: ConflictKind | None = None) -> None:
+        super().__init__(message)
+        self.conflict = conflict
+
+    def __reduce__(self) -> tuple[type[CommitError], tuple[str, ConflictKind | None]]:
+        return (type(self), (str(self), self.conflict))
 
 
 @dataclass
@@ -390,7 +399,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
             )
         except ConflictError as exc:
             producer.cleanup(committed_attempt=None)
-            raise CommitError(str(exc)) from exc
+            raise CommitError(str(exc), exc.kind) from exc
         try:
             committed = swap_in(table, attempt)
         except CommitFailedException as exc:

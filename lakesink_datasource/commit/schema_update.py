@@ -22,7 +22,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import AddSchemaUpdate, SetCurrentSchemaUpdate, TableUpdate
 from pyiceberg.types import IcebergType, ListType, MapType, NestedField, StructType
 
-from lakesink_datasource.commit.validation import ConflictError
+from lakesink_datasource.commit.validation import ConflictError, ConflictKind
 from lakesink_datasource.schema.evolution import promotion
 
 
@@ -43,6 +43,7 @@ def _wider(name: str, current: IcebergType, written: IcebergType, format_version
     if promotion(written, current, format_version) is not None:
         return current  # another writer promoted it: this write's narrower values read as the wider type
     raise ConflictError(
+        ConflictKind.COLUMN_TYPE_CHANGED,
         f"column '{name}' changed type concurrently: {current} in the table now, {written} in this write's files; "
         "the batch is refused (restart the query to write it against the new schema)"
     )

@@ -144,8 +144,8 @@ class SnapshotProducer:
             self._attempt = -1
             self._added_manifests = self._write_added(base)
         self._attempt = attempt
-        self.last = state = _Attempt()
-        self.validate(base, state)
+        self.last = state = _Attempt(rebased=self._rebase(base))
+        self.validate(base, state.rebased)
         if self._delta.overwrite is not None:
             state.replaced = replaced_by(self._io, base, self._parent(base), self._delta.overwrite, self._delta.added_data_files)
         dv_manifests = self._deletes(base, state)
@@ -170,21 +170,28 @@ class SnapshotProducer:
     def _parent(self, base: TableMetadata) -> Snapshot | None:
         return branch_head(base, self.branch)
 
-    def validate(self, base: TableMetadata, state: _Attempt) -> None:
-        """The conflict checks this commit needs against `base` (Java's `validate`)."""
-        if self._delta.position_deletes:
-            state.rebased = rebase_onto_compactions(
-                self._io,
-                base,
-                self._delta.position_deletes,
-                added=(f.file_path for f in self._delta.added_data_files),
-                planned_snapshot_id=self._delta.planned_snapshot_id,
-                key_columns=self._delta.key_columns,
-            )
+    def _rebase(self, base: TableMetadata) -> Rebased | None:
+        """The delta's deletes as they apply to `base`: moved onto the files that compactions
+        committed since the write was planned rewrote their targets into."""
+        if not self._delta.position_deletes:
+            return None
+        return rebase_onto_compactions(
+            self._io,
+            base,
+            self._delta.position_deletes,
+            added=(f.file_path for f in self._delta.added_data_files),
+            planned_snapshot_id=self._delta.planned_snapshot_id,
+            key_columns=self._delta.key_columns,
+        )
+
+    def validate(self, base: TableMetadata, rebased: Rebased | None) -> None:
+        """The conflict checks this commit needs against `base` (Java's `validate`); changes
+        nothing, raises ConflictError with its kind (commit/validation.py lists them)."""
+        if rebased is not None:
             # The rebase already compared the targets with the base's live files: only those
             # still missing are left to check (and to name the snapshot that removed them).
             validate_delete_targets_exist(
-                self._io, base, targets=state.rebased.missing, added=(), planned_snapshot_id=self._delta.planned_snapshot_id
+                self._io, base, targets=rebased.missing, added=(), planned_snapshot_id=self._delta.planned_snapshot_id
             )
         if self._delta.rewritten:
             validate_rewritten_files_unchanged(self._io, base, self._delta.rewritten)

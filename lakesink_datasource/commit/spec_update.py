@@ -14,7 +14,7 @@ from __future__ import annotations
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import SetDefaultSpecUpdate, TableUpdate
 
-from lakesink_datasource.commit.validation import ConflictError
+from lakesink_datasource.commit.validation import ConflictError, ConflictKind
 
 
 def default_spec_updates(base: TableMetadata, spec_id: int) -> list[TableUpdate]:
@@ -22,6 +22,7 @@ def default_spec_updates(base: TableMetadata, spec_id: int) -> list[TableUpdate]
     if spec_id not in base.specs():
         # Only a metadata clean-up by another engine (removing unused specs) gets here.
         raise ConflictError(
+            ConflictKind.SPEC_REMOVED,
             f"partition spec {spec_id}, which this batch's files were written with, was removed from the table "
             "meanwhile; the batch is refused (restart the query to write it again)"
         )

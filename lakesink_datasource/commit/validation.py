@@ -9,6 +9,7 @@ checks: each rule is a named function, run by `SnapshotProducer.validate` on eve
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -19,14 +20,47 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation
 
 from lakesink_datasource.arrays import unique_sorted
+from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.history import snapshots_after
 from lakesink_datasource.iceberg.live_files import data_entries_changed_by, live_data_files, live_position_deletes
 from lakesink_datasource.iceberg.manifests import content_offset
 from lakesink_datasource.index.key_encoding import encode_keys, key_hashes
 
 
-class ConflictError(RuntimeError):
-    """The table changed underneath a write in a way its changes cannot be applied to."""
+class ConflictKind(enum.Enum):
+    """Every way the table can change underneath a write so that the write cannot land. The
+    rules are checked here, except the two that belong to a schema or spec update and are
+    raised where that update is built (commit/schema_update.py, commit/spec_update.py)."""
+
+    # A keyed batch hides rows of a data file that a later commit removed (a compaction whose
+    # moves the rebase could not follow, an overwrite, another engine's delete).
+    DELETE_TARGET_REMOVED = "delete-target-removed"
+    # A keyed batch hides rows of a data file no commit ever added (a failed task attempt's
+    # file whose rows other tasks saw).
+    DELETE_TARGET_NEVER_COMMITTED = "delete-target-never-committed"
+    # A compaction's input was removed since it was read.
+    REWRITE_INPUT_REMOVED = "rewrite-input-removed"
+    # A compaction's input got new deletes since it was read.
+    REWRITE_INPUT_NEW_DELETES = "rewrite-input-new-deletes"
+    # Another commit since the keyed batch was planned wrote a row for a key the batch changed.
+    KEY_WRITTEN_CONCURRENTLY = "key-written-concurrently"
+    # A column the batch wrote changed type in the table in a way the two cannot share.
+    COLUMN_TYPE_CHANGED = "column-type-changed"
+    # The partition spec the batch's files were written with was removed from the table.
+    SPEC_REMOVED = "spec-removed"
+
+
+class ConflictError(LakesinkError, RuntimeError):
+    """The table changed underneath a write in a way its changes cannot be applied to;
+    `kind` says which rule refused it (callers match on it, not on the message)."""
+
+    def __init__(self, kind: ConflictKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+    def __reduce__(self) -> tuple[type[ConflictError], tuple[ConflictKind, str]]:
+        # Crosses processes intact (Spark pickles errors of its Python workers).
+        return (type(self), (self.kind, str(self)))
 
 
 def validate_delete_targets_exist(
@@ -51,10 +85,12 @@ def validate_delete_targets_exist(
     if remover is not None:
         snapshot_id, operation = remover
         raise ConflictError(
+            ConflictKind.DELETE_TARGET_REMOVED,
             f"data file {example} was removed by snapshot {snapshot_id} ({operation}) after this batch was "
             "planned; the batch must be replanned (restart the query: it replays the batch)"
         )
     raise ConflictError(
+        ConflictKind.DELETE_TARGET_NEVER_COMMITTED,
         f"this batch deletes rows of {len(missing)} data file(s) that are not in the table, e.g. {example}: "
         "a failed task attempt's rows were seen by other tasks of the batch; the batch is refused "
         "(restart the query: the replay resolves the keys again)"
@@ -74,13 +110,13 @@ def validate_rewritten_files_unchanged(
     live = {e.data_file.file_path for e in live_data_files(io, snapshot)}
     gone = sorted(set(rewritten) - live)
     if gone:
-        raise ConflictError(f"data file {gone[0]} (and {len(gone) - 1} more) to be rewritten was removed concurrently")
+        raise ConflictError(ConflictKind.REWRITE_INPUT_REMOVED, f"data file {gone[0]} (and {len(gone) - 1} more) to be rewritten was removed concurrently")
     dvs = live_position_deletes(io, snapshot)
     for path, read_with in rewritten.items():
         entry = dvs.get(path)
         now = None if entry is None else (entry.data_file.file_path, content_offset(entry.data_file))
         if now != read_with:
-            raise ConflictError(f"data file {path} got new deletes concurrently; its rewrite is out of date")
+            raise ConflictError(ConflictKind.REWRITE_INPUT_NEW_DELETES, f"data file {path} got new deletes concurrently; its rewrite is out of date")
 
 
 def validate_no_concurrent_key_changes(
@@ -110,6 +146,7 @@ def validate_no_concurrent_key_changes(
             shared = np.intersect1d(touched, unique_sorted(key_hashes(encoded)), assume_unique=True)
             if len(shared):
                 raise ConflictError(
+                    ConflictKind.KEY_WRITTEN_CONCURRENTLY,
                     f"this batch changed {len(shared)} key(s) that snapshot {snapshot.snapshot_id} "
                     f"({snapshot.summary.operation.value if snapshot.summary else '?'}), committed concurrently, also wrote "
                     f"(e.g. in {entry.data_file.file_path}); the batch is refused so no key gets two live rows "

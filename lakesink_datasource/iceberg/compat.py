@@ -31,13 +31,15 @@ import pyiceberg
 from pyiceberg.table import metadata as _metadata
 from pyiceberg.typedef import IcebergBaseModel
 
+from lakesink_datasource.errors import LakesinkError
+
 PINNED_PYICEBERG_VERSION = "0.12.0"
 
 _enabled: contextvars.ContextVar[bool] = contextvars.ContextVar("lakesink_v3_metadata_writes", default=False)
 _released_dump: Callable[..., str] | None = None
 
 
-class UnsupportedPyIcebergVersion(RuntimeError):
+class UnsupportedPyIcebergVersion(LakesinkError, RuntimeError):
     pass
 
 

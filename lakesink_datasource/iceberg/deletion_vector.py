@@ -19,6 +19,8 @@ from typing import Final
 
 from pyroaring import BitMap64
 
+from lakesink_datasource.errors import LakesinkError
+
 __all__ = [
     "DV_MAGIC",
     "MAX_KEY",
@@ -48,7 +50,7 @@ _MIN_BLOB_SIZE: Final[int] = _LENGTH_SIZE + len(DV_MAGIC) + 8 + _CRC_SIZE
 _U32_BE = struct.Struct(">I")
 
 
-class InvalidDeletionVector(ValueError):
+class InvalidDeletionVector(LakesinkError, ValueError):
     """A ``deletion-vector-v1`` blob is malformed or disagrees with its metadata."""
 
 

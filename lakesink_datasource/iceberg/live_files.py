@@ -10,6 +10,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, Manif
 from pyiceberg.table.snapshots import Snapshot
 from pyroaring import BitMap64
 
+from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
 from lakesink_datasource.iceberg.manifests import (
     content_offset,
@@ -21,7 +22,7 @@ from lakesink_datasource.iceberg.manifests import (
 from lakesink_datasource.iceberg.puffin import read_blob
 
 
-class UnsupportedDeletes(ValueError):
+class UnsupportedDeletes(LakesinkError, ValueError):
     """Delete files another engine wrote in a shape lakesink cannot maintain exactly."""
 
 

@@ -15,6 +15,7 @@ from typing import Final
 
 from pyiceberg.table.metadata import TableMetadata
 
+from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.manifests import AvroCodec
 
 # --- names (Iceberg's own) ------------------------------------------------------------------
@@ -56,7 +57,7 @@ PARQUET_CODECS: Final = ("zstd", "snappy", "gzip", "lz4", "brotli", "uncompresse
 AVRO_CODECS: Final[dict[str, AvroCodec]] = {"gzip": "deflate", "deflate": "deflate", "zstd": "zstandard", "snappy": "snappy", "uncompressed": "null", "none": "null"}
 
 
-class PropertyError(ValueError):
+class PropertyError(LakesinkError, ValueError):
     """A table property (or `property.<key>` option) has a value lakesink cannot use."""
 
     def __init__(self, name: str, message: str):

@@ -18,6 +18,7 @@ from typing import Final
 import msgspec
 from pyroaring import BitMap64
 
+from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.deletion_vector import InvalidDeletionVector, decode_dv, encode_dv
 
 __all__ = [
@@ -67,7 +68,7 @@ def _lakesink_version() -> str:
 DEFAULT_CREATED_BY: Final[str] = f"lakesink {_lakesink_version()}"
 
 
-class InvalidPuffinFile(ValueError):
+class InvalidPuffinFile(LakesinkError, ValueError):
     """Bytes that are not a well-formed (uncompressed-footer) Puffin file."""
 
 

@@ -39,10 +39,11 @@ from pyiceberg.schema import Schema
 from pyparsing import ParseBaseException
 from pyroaring import BitMap64
 
+from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.row_lineage import field_ids
 
 
-class FilterError(ValueError):
+class FilterError(LakesinkError, ValueError):
     """A filter that does not parse or names a column the table lacks."""
 
 

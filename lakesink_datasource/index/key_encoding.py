@@ -37,10 +37,12 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
+from lakesink_datasource.errors import LakesinkError
+
 __all__ = ["NullKeyError", "encode_keys"]
 
 
-class NullKeyError(ValueError):
+class NullKeyError(LakesinkError, ValueError):
     """A key column holds nulls: a primary key must identify a row, so null is refused."""
 
     def __init__(self, column_index: int, null_count: int, column_name: str | None = None):

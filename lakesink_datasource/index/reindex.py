@@ -18,6 +18,7 @@ from pyiceberg.manifest import DataFile, ManifestEntry
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 
+from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg.history import ancestors
 from lakesink_datasource.iceberg.live_files import live_data_files, live_position_deletes, without_hidden_rows
@@ -83,7 +84,7 @@ def index_files(
 StoredTombstones = Callable[[], pa.Table | None]
 
 
-class TombstonesUnreadable(RuntimeError):
+class TombstonesUnreadable(LakesinkError, RuntimeError):
     """The companion table of tombstones exists but cannot be read."""
 
 

@@ -23,6 +23,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 
 from lakesink_datasource.commit.cleanup import delete_files
+from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.listing import list_files
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
 from lakesink_datasource.iceberg.manifests import read_entries
@@ -76,7 +77,7 @@ def referenced_files(io: FileIO, table: Table) -> set[str]:
     return out
 
 
-class LocationShared(RuntimeError):
+class LocationShared(LakesinkError, RuntimeError):
     """The table's location holds another table's metadata: nothing is removed."""
 
 

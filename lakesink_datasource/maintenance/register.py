@@ -14,11 +14,12 @@ from pyiceberg.catalog import Catalog, MetastoreCatalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.io import load_file_io
 
+from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.table.location_guard import metadata_files, table_uuid_of
 from lakesink_datasource.table.tombstone_table import SUFFIX, companion_identifier
 
 
-class RegisterError(RuntimeError):
+class RegisterError(LakesinkError, RuntimeError):
     """A table cannot be registered: say why and what to give instead."""
 
 

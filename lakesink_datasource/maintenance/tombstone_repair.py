@@ -27,6 +27,7 @@ from pyiceberg.table.metadata import TableMetadata
 
 from lakesink_datasource.commit.append_rows import append_rows
 from lakesink_datasource.commit.cleanup import delete_files
+from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.history import ancestors
 from lakesink_datasource.iceberg.listing import list_files
 from lakesink_datasource.iceberg.live_files import live_data_files
@@ -37,7 +38,7 @@ from lakesink_datasource.table.tombstone_table import STORED_THROUGH, SUFFIX, co
 log = logging.getLogger("lakesink")
 
 
-class RepairRefused(RuntimeError):
+class RepairRefused(LakesinkError, RuntimeError):
     """Some tombstones cannot be read: the repair waits for the operator to accept the loss."""
 
 

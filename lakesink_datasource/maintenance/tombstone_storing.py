@@ -20,6 +20,7 @@ from pyiceberg.table import Table
 
 from lakesink_datasource.catalog.transient import first_line, retrying
 from lakesink_datasource.commit.append_rows import append_rows
+from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.history import ancestors
 from lakesink_datasource.iceberg.live_files import live_data_files
 from lakesink_datasource.iceberg.properties import METADATA_DELETE_AFTER_COMMIT, METADATA_PREVIOUS_VERSIONS_MAX
@@ -108,7 +109,7 @@ def _live_files(companion: Table) -> int:
     return int(total) if total is not None else len(live_data_files(companion.io, snapshot))
 
 
-class TombstonesNotDurable(RuntimeError):
+class TombstonesNotDurable(LakesinkError, RuntimeError):
     """The tombstones of earlier batches cannot be stored: a sequenced batch does not commit."""
 
 

@@ -39,6 +39,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 from pyroaring import BitMap64
 
+from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.live_files import (
     entries_changed_by,
     keep_mask,
@@ -55,7 +56,7 @@ COMMIT_SNAPSHOT_ID = "_commit_snapshot_id"
 NOTHING = -1  # the offset before any snapshot was emitted
 
 
-class StreamReadError(ValueError):
+class StreamReadError(LakesinkError, ValueError):
     """The stream cannot go on from its offset as configured (named snapshot, what to do)."""
 
 

@@ -31,6 +31,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from lakesink_datasource.arrays import unique_sorted
 from lakesink_datasource.catalog import loader, sql_commit
+from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.live_files import keep_mask
 from lakesink_datasource.iceberg.row_lineage import FIELD_ID_KEY, field_ids
 from lakesink_datasource.options import OptionError
@@ -47,7 +48,7 @@ BATCH_ROWS = 131_072  # rows per Arrow batch handed to Spark (pyarrow's scanner 
 T = TypeVar("T")
 
 
-class ReadError(ValueError):
+class ReadError(LakesinkError, ValueError):
     """The table state asked for cannot be read (unknown table, snapshot, or delete kind)."""
 
 

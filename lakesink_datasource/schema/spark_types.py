@@ -31,8 +31,10 @@ from pyiceberg.types import (
 )
 from pyspark.sql import types as T
 
+from lakesink_datasource.errors import LakesinkError
 
-class SchemaError(ValueError):
+
+class SchemaError(LakesinkError, ValueError):
     """The DataFrame's schema cannot be written to the table. Raised before writing."""
 
 

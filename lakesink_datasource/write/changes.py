@@ -16,12 +16,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakesink_datasource.arrays import take_items
+from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.index.key_encoding import NullKeyError, encode_keys
 
 WRITE_OPS = ("c", "r", "u")  # Debezium: create, read (snapshot), update
 
 
-class KeyedInputError(ValueError):
+class KeyedInputError(LakesinkError, ValueError):
     """A keyed row cannot be applied (null key, unknown op...). The task fails, nothing commits."""
 
 

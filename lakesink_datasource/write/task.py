@@ -19,6 +19,7 @@ from pyiceberg.io.pyarrow import BUFFER_SIZE
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 
+from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg.partition_key import PartitionKey, partition_path
 from lakesink_datasource.iceberg.properties import TableSettings
@@ -123,7 +124,7 @@ def _file_namer(data_dir: str, spec: PartitionSpec, schema: Schema, who: TaskIde
     return path_for
 
 
-class ReplaceWhereError(ValueError):
+class ReplaceWhereError(LakesinkError, ValueError):
     """Rows of an overwrite with replace_where fall outside its filter."""
 
 

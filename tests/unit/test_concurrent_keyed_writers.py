@@ -9,6 +9,7 @@ commit one after the other, which is what two concurrent jobs do in the racy ord
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterable
 
 import pyarrow as pa
@@ -18,6 +19,7 @@ from pyspark.sql import types as T
 
 from lakesink_datasource.check import check_table
 from lakesink_datasource.commit.committer import CommitError, CommitOutcome, commit_write
+from lakesink_datasource.commit.validation import ConflictKind
 from lakesink_datasource.messages import LakeSinkCommitMessage, decode_messages
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.table.plan import WritePlan
@@ -70,8 +72,9 @@ def test_two_writers_on_the_same_keys_never_leave_two_live_rows(warehouse: str, 
         message_b = b.write(plan_b, range(0, 100, 3), f"b{round_}-")  # ... sharing every 6th key
         assert a.commit(plan_a, message_a).snapshot_id is not None
         live.update({r["id"]: r for r in _rows(range(0, 100, 2), f"a{round_}-")})
-        with pytest.raises(CommitError, match="committed concurrently, also wrote"):
+        with pytest.raises(CommitError, match="committed concurrently, also wrote") as refused:
             b.commit(plan_b, message_b)
+        assert refused.value.conflict is ConflictKind.KEY_WRITTEN_CONCURRENTLY
         assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
         assert check_table(load(warehouse, IDENT)) == []
         # The refused batch, replayed (planned again), lands on top of the other writer's.
@@ -105,8 +108,10 @@ def test_a_plain_append_of_a_key_refuses_a_concurrent_upsert_of_it(warehouse: st
     appender = _Writer(warehouse, f"{warehouse}/index", operation="append", primary_key="")
     appender.options.pop("primary_key")
     appender.commit(appender.plan(), appender.write(appender.plan(), [3], "appended-"))
-    with pytest.raises(CommitError, match="committed concurrently"):
+    with pytest.raises(CommitError, match="committed concurrently") as refused:
         keyed.commit(plan, message)
+    assert refused.value.conflict is ConflictKind.KEY_WRITTEN_CONCURRENTLY
+    assert pickle.loads(pickle.dumps(refused.value)).conflict is ConflictKind.KEY_WRITTEN_CONCURRENTLY  # as Spark ships it
 
 
 @pytest.mark.parametrize("writers", ["two-hosts", "one-host"], indirect=True)
