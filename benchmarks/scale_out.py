@@ -2,7 +2,7 @@
 
 A real standalone cluster (benchmarks/standalone.py: a master and one-core workers, each
 with a HOME of its own, so its own key index) takes the same 100K-row upserts (half updates
-of existing keys, half new keys, `repartition(workers, "id")` as the README asks) into a
+of existing keys, half new keys, `repartition(workers, "id")` as docs/usage.md asks) into a
 table of each size, in one run:
 
 1. one host: one two-core worker (two tasks share its index, as `local[2]` does), a first
