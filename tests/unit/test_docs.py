@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from lakesink_datasource.options import MAINTENANCE_MODES, _SIMPLE
+from lakesink_datasource.options import _SIMPLE, MAINTENANCE_MODES
 from lakesink_datasource.read.options import _READ
 
 ROOT = Path(__file__).resolve().parents[2]
