@@ -22,6 +22,51 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 # `--hypothesis-profile=NAME` (read by hypothesis' plugin after this) overrides the default.
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
+# The groups a plain `pytest` leaves out (the fast set is the rest): what needs the Spark
+# session, a child process killed or raced, a cluster, Spark Connect or a server. `--all`
+# (.ci/run) runs everything; naming files, `-k` or `-m` runs exactly what is named.
+HEAVY = ("spark", "child", "cluster", "connect", "postgres", "s3", "slow")
+# A test is in a group by the fixtures it uses, or by its module.
+_BY_FIXTURE = {"spark": "spark", "postgres_uri": "postgres", "object_store": "s3"}
+_BY_MODULE = {"test_standalone_cluster": "cluster", "test_spark_connect": "connect"}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--all", action="store_true", default=False, help="run every test, as .ci/run does (default: the fast set)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        for fixture, group in _BY_FIXTURE.items():
+            if fixture in fixtures:
+                item.add_marker(group)
+        module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+        if module in _BY_MODULE:
+            item.add_marker(_BY_MODULE[module])
+    named = config.option.file_or_dir or config.option.markexpr or config.option.keyword
+    if config.getoption("--all") or named:
+        return
+    kept, left_out = [], []
+    for item in items:
+        (left_out if any(item.get_closest_marker(group) for group in HEAVY) else kept).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
+        config.stash[_LEFT_OUT] = len(left_out)
+
+
+_LEFT_OUT = pytest.StashKey[int]()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    left_out = config.stash.get(_LEFT_OUT, 0)
+    if left_out:
+        terminalreporter.write_line(
+            f"lakesink: the fast set ran; {left_out} tests of the groups {', '.join(HEAVY)} were left out "
+            "(`pytest --all` runs every test, as .ci/run does)"
+        )
+
 
 @pytest.fixture(scope="session")
 def faults_file(tmp_path_factory: pytest.TempPathFactory) -> Path:

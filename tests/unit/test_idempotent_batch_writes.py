@@ -74,6 +74,7 @@ def test_the_recorded_version_survives_the_expiry_of_every_snapshot_that_carried
     assert_readers_see(warehouse, IDENT, expected_rows(_rows(range(5), "a") + _rows(range(5, 7), "b"), COLUMNS), COLUMNS)
 
 
+@pytest.mark.child
 def test_a_job_killed_right_after_its_commit_and_rerun_writes_its_rows_once(warehouse: str, tmp_path: Path) -> None:
     faults = tmp_path / "faults.json"
     faults.write_text(json.dumps([{"point": "after_commit", "action": "kill"}]))

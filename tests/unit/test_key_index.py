@@ -320,6 +320,7 @@ def _child_writes(path: str, n: int, worker: int) -> None:
     ix.close()
 
 
+@pytest.mark.child
 def test_two_processes_write_the_same_index(tmp_path: Path) -> None:
     path = str(tmp_path / "shared")
     parent = open_index(path)  # the parent keeps a handle open the whole time too

@@ -588,6 +588,7 @@ def test_late_retry_of_a_task_with_its_own_keys(operation: str, sequence: bool, 
             harness.assert_matches(model.expected(), f"after batch {batch_id} (task {r} retried last)")
 
 
+@pytest.mark.child
 @pytest.mark.parametrize("operation", ["upsert", "cdc"])
 def test_late_retry_after_another_task_changed_the_same_key(operation: str) -> None:
     """Task 0 attempt 0 updates key 1 and dies (a killed worker: its changes stay in the

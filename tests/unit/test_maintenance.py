@@ -247,6 +247,7 @@ def _compact_in_a_child_killed_at(point: str, warehouse: str, tmp_path: Path) ->
     assert child.returncode == -signal.SIGKILL
 
 
+@pytest.mark.child
 def test_a_kill_during_the_rewrite_changes_nothing_and_remove_orphans_collects_the_leftovers(
     warehouse: str, tmp_path: Path
 ) -> None:
@@ -267,6 +268,7 @@ def test_a_kill_during_the_rewrite_changes_nothing_and_remove_orphans_collects_t
     assert check_table(load(warehouse, IDENT)) == []
 
 
+@pytest.mark.child
 def test_a_kill_right_after_the_compaction_commit_loses_nothing(warehouse: str, tmp_path: Path) -> None:
     live = _upsert_history(warehouse)
     _compact_in_a_child_killed_at("after_compaction_commit", warehouse, tmp_path)

@@ -115,6 +115,7 @@ def _child_increments(path: str, worker: int) -> None:
         ix.transact(f"w/{worker}/{round_}", keys, _increment)
 
 
+@pytest.mark.child
 def test_tasks_of_two_processes_change_the_same_keys_without_losing_one(tmp_path: Path) -> None:
     path = str(tmp_path / "idx")
     parent = open_sharded(path)
