@@ -253,7 +253,7 @@ def _attempt(
     expired: list[int] = []
     # Expiry follows main: a commit to another branch leaves it to main's next commit.
     if plan.options.maintenance != "off" and plan.options.branch is None:
-        settings = TableSettings.of({**base.properties, **plan.options.table_properties}, base.location)
+        settings = TableSettings.for_write(base.properties, plan.options.table_properties, base.location)
         now_ms = int(time.time() * 1000)
         expired = snapshots_to_expire(base, now_ms, settings.max_snapshot_age_ms, settings.min_snapshots_to_keep, adds_head=True)
         # A snapshot naming tombstones the companion table does not hold yet is their only
@@ -295,8 +295,9 @@ def _load(catalog: Catalog, plan: WritePlan, budget: RetryBudget) -> Table:
 def _write_settings(plan: WritePlan, metadata: TableMetadata | None = None) -> TableSettings:
     """The table's settings as this write sees them: its own `property.<key>` options over
     the table's properties (they land with its commit, and govern that commit too)."""
-    props = {**(metadata.properties if metadata is not None else {}), **plan.options.table_properties}
-    return TableSettings.of(props, metadata.location if metadata is not None else "")
+    if metadata is None:
+        return TableSettings.for_write({}, plan.options.table_properties, "")
+    return TableSettings.for_write(metadata.properties, plan.options.table_properties, metadata.location)
 
 
 def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | None) -> CommitOutcome:

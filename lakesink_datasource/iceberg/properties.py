@@ -25,6 +25,8 @@ TARGET_FILE_SIZE_BYTES: Final = "write.target-file-size-bytes"
 PARQUET_COMPRESSION: Final = "write.parquet.compression-codec"
 PARQUET_COMPRESSION_LEVEL: Final = "write.parquet.compression-level"
 PARQUET_ROW_GROUP_SIZE_BYTES: Final = "write.parquet.row-group-size-bytes"
+READ_SPLIT_TARGET_SIZE: Final = "read.split.target-size"
+DEFAULT_READ_SPLIT_BYTES: Final = 128 * 1024 * 1024
 PARQUET_PAGE_SIZE_BYTES: Final = "write.parquet.page-size-bytes"
 PARQUET_DICT_SIZE_BYTES: Final = "write.parquet.dict-size-bytes"
 AVRO_COMPRESSION: Final = "write.avro.compression-codec"
@@ -163,6 +165,27 @@ class TableSettings:
     @classmethod
     def of_table(cls, metadata: TableMetadata) -> TableSettings:
         return cls.of(metadata.properties, metadata.location)
+
+    @classmethod
+    def for_write(cls, table_properties: Mapping[str, str], write_properties: Mapping[str, str], location: str) -> TableSettings:
+        """The one answer to "which value does this write use": its own `property.<key>`
+        option, else the table's property, else the default. The task, the commit (retries,
+        manifests, expiry) and planning all ask this; maintenance, which has no write, asks
+        `of_table`."""
+        return cls.of(effective_properties(table_properties, write_properties), location)
+
+
+def effective_properties(table_properties: Mapping[str, str], write_properties: Mapping[str, str]) -> dict[str, str]:
+    """The properties a write sees: its `property.<key>` options over the table's (they land
+    in the table with its commit, and govern that commit and its files already)."""
+    return {**table_properties, **write_properties}
+
+
+def read_split_target(props: Mapping[str, str]) -> int:
+    """`read.split.target-size` (Iceberg's default 128 MiB). A value that cannot be used is
+    ignored rather than raised: a read must not fail on a property only planning uses."""
+    raw = props.get(READ_SPLIT_TARGET_SIZE)
+    return int(raw) if raw and raw.isdigit() and int(raw) > 0 else DEFAULT_READ_SPLIT_BYTES
 
 
 # What a table lakesink creates gets unless the write says otherwise: old metadata files

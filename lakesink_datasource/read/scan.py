@@ -33,14 +33,13 @@ from lakesink_datasource.arrays import unique_sorted
 from lakesink_datasource.catalog import loader, sql_commit
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.live_files import keep_mask
+from lakesink_datasource.iceberg.properties import DEFAULT_READ_SPLIT_BYTES, read_split_target
 from lakesink_datasource.iceberg.row_lineage import FIELD_ID_KEY, field_ids
 from lakesink_datasource.options import OptionError
 from lakesink_datasource.read.options import ReadOptions
 from lakesink_datasource.schema.arrow_align import align_by_field_id, table_arrow_schema
 from lakesink_datasource.table import metadata_cache
 
-DEFAULT_SPLIT_BYTES = 128 * 1024 * 1024  # Iceberg's read.split.target-size
-SPLIT_PROPERTY = "read.split.target-size"
 MIN_ADAPTIVE_SPLIT_BYTES = 1024 * 1024
 BATCH_ROWS = 131_072  # rows per Arrow batch handed to Spark (pyarrow's scanner default)
 
@@ -144,8 +143,7 @@ def split_bytes(state: TableState, options: ReadOptions, tasks: list[FileScanTas
     task. The driver's core count stands in for Spark's parallelism (the same in local mode)."""
     if options.split_size_bytes is not None:
         return options.split_size_bytes
-    raw = state.table.metadata.properties.get(SPLIT_PROPERTY)
-    target = int(raw) if raw and raw.isdigit() and int(raw) > 0 else DEFAULT_SPLIT_BYTES
+    target = read_split_target(state.table.metadata.properties)
     total = sum(_task_bytes(t) for t in tasks)
     return max(MIN_ADAPTIVE_SPLIT_BYTES, min(target, total // max(os.cpu_count() or 1, 1)))
 
@@ -183,7 +181,7 @@ def split_tasks(tasks: list[FileScanTask], target_bytes: int) -> list[Split]:
     return out
 
 
-def group_units(units: list[Any], target_bytes: int = DEFAULT_SPLIT_BYTES) -> list[list[Any]]:
+def group_units(units: list[Any], target_bytes: int = DEFAULT_READ_SPLIT_BYTES) -> list[list[Any]]:
     """Anything with a `size`, packed like scan tasks."""
     return _pack(units, lambda u: int(u.size), target_bytes)
 

@@ -336,12 +336,12 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
     try:
         # The table's own properties too: one another engine set to a value lakesink cannot
         # use must fail here, not in every task.
-        TableSettings.of({**table.metadata.properties, **options.table_properties}, table.metadata.location)
+        TableSettings.for_write(table.metadata.properties, options.table_properties, table.metadata.location)
     except PropertyError as exc:
         raise OptionError(f"{exc} (table {options.table}); fix it with property.{exc.name}=...") from None
     keyed = _plan_keys(options, spark_schema, table)
     if table.metadata.format_version >= 3 and (keyed is not None or (overwrite and options.replace_where is not None)):
-        settings = TableSettings.of({**table.metadata.properties, **options.table_properties}, table.metadata.location)
+        settings = TableSettings.for_write(table.metadata.properties, options.table_properties, table.metadata.location)
         try:
             check_puffin_accepted(table.io, settings.data_path, options.table, table.metadata.location)
         except StoreRefusesFiles:

@@ -22,7 +22,7 @@ from pyiceberg.schema import Schema
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg.partition_key import PartitionKey, partition_path
-from lakesink_datasource.iceberg.properties import TableSettings
+from lakesink_datasource.iceberg.properties import TableSettings, effective_properties
 from lakesink_datasource.iceberg.row_filter import RowFilter, matches, parse_filter
 from lakesink_datasource.index.key_columns import TOMBSTONE_DIR
 from lakesink_datasource.index.owner import owner_digest
@@ -192,8 +192,8 @@ def write_task(
     # Data files get small stream buffers: a task may hold many files open (see rolling_writer).
     data_io = metadata_cache.file_io({**plan.io_properties, BUFFER_SIZE: str(STREAM_BUFFER_BYTES)}, plan.metadata_location)
     # The write's own property.<key> options apply to what it writes: they land with it.
-    properties = {**metadata.properties, **plan.options.table_properties}
-    settings = TableSettings.of(properties, metadata.location)
+    properties = effective_properties(metadata.properties, plan.options.table_properties)
+    settings = TableSettings.for_write(metadata.properties, plan.options.table_properties, metadata.location)
     data_dir = settings.data_path
     writer = PartitionedParquetWriter.for_table(
         settings,
