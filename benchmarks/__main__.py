@@ -78,10 +78,10 @@ def _run(args: argparse.Namespace) -> int:
 
 def _stream_append(args: argparse.Namespace) -> int:
     from benchmarks import stream_append
-    from benchmarks.harness import BENCH_DIR
+    from benchmarks.harness import OUT_DIR
 
     stream_append.EXTRA.update(dict(o.split("=", 1) for o in args.lakesink_option))
-    return stream_append.main(reps=args.reps, java=not args.no_java, out=Path(args.out).resolve() if args.out else BENCH_DIR)
+    return stream_append.main(reps=args.reps, java=not args.no_java, out=Path(args.out).resolve() if args.out else OUT_DIR)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -90,7 +90,7 @@ def _report(args: argparse.Namespace) -> int:
 
     from benchmarks import harness, report
 
-    source = Path(args.json).resolve() if args.json else harness.BENCH_DIR / "results.json"
+    source = Path(args.json).resolve() if args.json else harness.RESULTS_DIR / "results.json"
     results = json.loads(source.read_text())
     for path in report.write_all(results, Path(args.out).resolve() if args.out else source.parent):
         harness.log(f"wrote {path}")
@@ -106,7 +106,7 @@ def _profile(args: argparse.Namespace) -> int:
 def _keyed_large(args: argparse.Namespace) -> int:
     from benchmarks import harness, keyed_large
 
-    out = Path(args.out).resolve() if args.out else harness.BENCH_DIR
+    out = Path(args.out).resolve() if args.out else harness.OUT_DIR
     keyed_large.run(args.rows, args.chunk, args.reps, Path(args.workdir).resolve(), out, with_delta=not args.no_delta)
     return 0
 
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--warmup", type=int, help="warm-up runs per side (default 1)")
     run.add_argument("--scenarios", help="comma-separated ids or names, e.g. 1,2 or append,streaming (default: all)")
     run.add_argument("--workdir", help="scratch directory, deleted first and at the end (default /tmp/lakesink-bench)")
-    run.add_argument("--out", help="where RESULTS.md, results.json, results.png go (default benchmarks/)")
+    run.add_argument("--out", help="where RESULTS.md, results.json, results.png go (default ./benchmark-results/; benchmarks/results holds the committed ones)")
     run.add_argument("--keep", action="store_true", help="keep the scratch directory and every written table")
     run.add_argument("--conf", action="append", metavar="KEY=VALUE",
                      help="extra Spark setting for the session (repeatable), e.g. spark.sql.execution.arrow.maxRecordsPerBatch=100000")
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="which scenario's lakesink side to profile (append -> PROFILE.md, others -> PROFILE-<target>.md)")
     prof.add_argument("--rows", type=int, default=5_000_000)
     prof.add_argument("--workdir", default="/tmp/lakesink-bench-profile")
-    prof.add_argument("--out", help="where PROFILE.md goes (default benchmarks/)")
+    prof.add_argument("--out", help="where PROFILE.md goes (default ./benchmark-results/; benchmarks/results holds the committed ones)")
     prof.add_argument("--top", type=int, default=25, help="functions listed per table")
     prof.set_defaults(func=_profile)
     rep = sub.add_parser("report", help="rebuild RESULTS.md and results.png from results.json (no run)")
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     long.add_argument("--batches", type=int, default=2000, help="micro-batches per side (default 2,000)")
     long.add_argument("--rows-per-batch", type=int, default=2000)
     long.add_argument("--workdir", help="scratch directory (default /tmp/lakesink-long-stream)")
-    long.add_argument("--out", help="where LONG-STREAM.md, long_stream.json, long_stream.png go (default benchmarks/)")
+    long.add_argument("--out", help="where LONG-STREAM.md, long_stream.json, long_stream.png go (default ./benchmark-results/; benchmarks/results holds the committed ones)")
     long.add_argument("--sides", default="auto,off", help="auto, off or auto,off (default: both)")
     long.set_defaults(func=lambda a: __import__("benchmarks.long_stream", fromlist=["x"]).main_args(
         a.batches, a.rows_per_batch, a.workdir, a.out, a.sides))
@@ -152,26 +152,26 @@ def main(argv: list[str] | None = None) -> int:
     large.add_argument("--reps", type=int, default=5)
     large.add_argument("--no-delta", action="store_true", help="lakesink alone (no delta-rs side)")
     large.add_argument("--workdir", default="/tmp/lakesink-keyed-large")
-    large.add_argument("--out", help="where KEYED-LARGE.md and keyed_large.json go (default benchmarks/)")
+    large.add_argument("--out", help="where KEYED-LARGE.md and keyed_large.json go (default ./benchmark-results/; benchmarks/results holds the committed ones)")
     large.set_defaults(func=_keyed_large)
     scale = sub.add_parser("scale-out", help="keyed upserts on a standalone cluster of one and two workers -> SCALE-OUT.md")
     scale.add_argument("--sizes", default="1000000,10000000", help="table sizes, comma-separated (default 1M,10M)")
     scale.add_argument("--reps", type=int, default=4, help="timed batches per side (default 4)")
     scale.add_argument("--batch-rows", type=int, default=100_000)
     scale.add_argument("--workdir", help="scratch directory (default /tmp/lakesink-scale-out)")
-    scale.add_argument("--out", help="where SCALE-OUT.md and scale_out.json go (default benchmarks/)")
+    scale.add_argument("--out", help="where SCALE-OUT.md and scale_out.json go (default ./benchmark-results/; benchmarks/results holds the committed ones)")
     scale.set_defaults(func=lambda a: __import__("benchmarks.scale_out", fromlist=["x"]).main_args(
         a.sizes, a.reps, a.batch_rows, a.workdir, a.out))
     req = sub.add_parser("requests", help="S3 requests per batch on SeaweedFS, REST and SQL catalogs -> OBJECT-STORE.md")
     req.add_argument("--batches", type=int, default=8)
     req.add_argument("--rows", type=int, default=10_000)
-    req.add_argument("--out", help="where OBJECT-STORE.md and object_store.json go (default benchmarks/)")
+    req.add_argument("--out", help="where OBJECT-STORE.md and object_store.json go (default ./benchmark-results/; benchmarks/results holds the committed ones)")
     req.set_defaults(func=lambda a: __import__("benchmarks.object_store_requests", fromlist=["x"]).main_args(a.batches, a.rows, a.out))
     sa = sub.add_parser("stream-append", help="streaming appends beside the floor of a Python sink -> STREAM-APPEND.md")
     sa.add_argument("--reps", type=int, default=3, help="runs per sink and case (default 3)")
     sa.add_argument("--no-java", action="store_true", help="without Iceberg Java's sink (Spark 3.5)")
     sa.add_argument("--lakesink-option", action="append", default=[], help="key=value added to both lakesink sides")
-    sa.add_argument("--out", help="where STREAM-APPEND.md and stream_append.json go (default benchmarks/)")
+    sa.add_argument("--out", help="where STREAM-APPEND.md and stream_append.json go (default ./benchmark-results/; benchmarks/results holds the committed ones)")
     sa.set_defaults(func=_stream_append)
     lst = sub.add_parser("list", help="list the scenarios")
     lst.set_defaults(func=lambda a: [print(f"{s.id}\t{s.key}\t{s.title}") for s in __import__("benchmarks.scenarios", fromlist=["x"]).SCENARIOS] and 0)

@@ -30,6 +30,10 @@ from typing import Any
 BENCH_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = BENCH_DIR.parent
 HOOKS_DIR = BENCH_DIR / "_worker_hooks"
+# Where a run writes its figures unless told (--out): outside the source tree (git ignores
+# it). The figures the docs cite are committed in RESULTS_DIR: `--out benchmarks/results`.
+OUT_DIR = PROJECT_ROOT / "benchmark-results"
+RESULTS_DIR = BENCH_DIR / "results"
 
 SCHEMA_DDL = "id long, cat long, amount double, name string, ts timestamp, flag boolean"
 FIRST_DAY_MICROS = 1_767_225_600 * 1_000_000  # 2026-01-01T00:00:00Z
@@ -74,7 +78,7 @@ class BenchConfig:
     warmup: int = 1
     scenarios: list[str] | None = None  # None: every registered scenario
     workdir: Path = Path("/tmp/lakesink-bench")
-    out_dir: Path = BENCH_DIR
+    out_dir: Path = OUT_DIR
     driver_memory: str = "4g"
     stream_files: int = 10
     stream_files_per_trigger: int = 2

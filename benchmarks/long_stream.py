@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import BENCH_DIR, BenchConfig, log, start_spark, worker_environment
+from benchmarks.harness import OUT_DIR, BenchConfig, log, start_spark, worker_environment
 
 IDENT = "bench.stream"
 KEYS = 50_000
@@ -355,5 +355,5 @@ def main_args(batches: int, rows_per_batch: int, workdir: str | None, out: str |
     chosen = tuple(s.strip() for s in sides.split(",") if s.strip())
     if not chosen or any(s not in ("auto", "off") for s in chosen):
         raise SystemExit(f"--sides takes auto, off or both (auto,off), got {sides!r}")
-    run(batches, rows_per_batch, Path(workdir or "/tmp/lakesink-long-stream").resolve(), Path(out).resolve() if out else BENCH_DIR, chosen)
+    run(batches, rows_per_batch, Path(workdir or "/tmp/lakesink-long-stream").resolve(), Path(out).resolve() if out else OUT_DIR, chosen)
     return 0

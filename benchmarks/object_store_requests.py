@@ -27,7 +27,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import types as T
 
-from benchmarks.harness import BENCH_DIR, PROJECT_ROOT, log
+from benchmarks.harness import OUT_DIR, PROJECT_ROOT, log
 
 MS_PER_REQUEST = 20
 S3 = {"s3.endpoint": "http://127.0.0.1:8333", "s3.access-key-id": "admin", "s3.secret-access-key": "adminsecret",
@@ -125,5 +125,5 @@ def render(results: dict[str, Any]) -> str:
 
 
 def main_args(batches: int, rows: int, out: str | None) -> int:
-    run(batches, rows, Path(out).resolve() if out else BENCH_DIR)
+    run(batches, rows, Path(out).resolve() if out else OUT_DIR)
     return 0

@@ -238,7 +238,7 @@ def _lakesink_write(df, fmt: str, warehouse: Path, partition_by: str | None) -> 
 def main(args: argparse.Namespace) -> int:
     partition_by, spark_col, derived, out_name = TARGETS[args.target]
     config = harness.BenchConfig(rows=args.rows, workdir=Path(args.workdir).resolve())
-    out_dir = Path(args.out).resolve() if args.out else harness.BENCH_DIR
+    out_dir = Path(args.out).resolve() if args.out else harness.OUT_DIR
     shutil.rmtree(config.workdir, ignore_errors=True)
     config.workdir.mkdir(parents=True)
     phases = harness.PhaseLog(config.workdir / "lakesink-phases.log")
@@ -531,4 +531,5 @@ def write_profile(path: Path, target: str, partition_by: str | None, config: har
     add(_short_paths(_top(ds, "tottime", top)).rstrip())
     add("```")
     add("")
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))

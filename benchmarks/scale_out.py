@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import BENCH_DIR, host_probe, log
+from benchmarks.harness import OUT_DIR, host_probe, log
 from benchmarks.standalone import Cluster
 
 IDENT = "bench.keyed"
@@ -291,5 +291,5 @@ def render(results: dict[str, Any]) -> str:
 
 def main_args(sizes: str, reps: int, batch_rows: int, workdir: str | None, out: str | None) -> int:
     run([int(s) for s in sizes.split(",")], reps, batch_rows, Path(workdir or "/tmp/lakesink-scale-out"),
-        Path(out).resolve() if out else BENCH_DIR)
+        Path(out).resolve() if out else OUT_DIR)
     return 0

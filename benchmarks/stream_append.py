@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.harness import BENCH_DIR, host_probe, log
+from benchmarks.harness import OUT_DIR, host_probe, log
 
 WORKDIR = Path("/tmp/lakesink-stream-append")
 TARGET_LARGE_RATIO = 0.95
@@ -170,7 +170,7 @@ def run_iceberg_java(case: Case, source: Path, work: Path, reps: int) -> list[fl
     return [float(x) for x in json.loads(done.stdout.strip().splitlines()[-1])]
 
 
-def main(reps: int = 3, java: bool = True, out: Path = BENCH_DIR, workdir: Path = WORKDIR) -> int:
+def main(reps: int = 3, java: bool = True, out: Path = OUT_DIR, workdir: Path = WORKDIR) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -203,6 +203,7 @@ def main(reps: int = 3, java: bool = True, out: Path = BENCH_DIR, workdir: Path 
             results["cases"][case.name]["seconds"]["iceberg-java"] = java_times
     results["host_probe"] = {"start": probe, "end": host_probe()}
     results["total_seconds"] = round(time.perf_counter() - started, 1)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "stream_append.json").write_text(json.dumps(results, indent=2))
     (out / "STREAM-APPEND.md").write_text(render(results))
     log(f"wrote {out / 'STREAM-APPEND.md'} in {results['total_seconds'] / 60:.1f} min")

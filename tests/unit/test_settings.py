@@ -17,7 +17,7 @@ def test_a_write_setting_resolves_option_then_property_then_default(table: dict,
 
 
 def test_a_bad_value_is_named_whichever_side_gave_it() -> None:
-    with pytest.raises(PropertyError, match="write.target-file-size-bytes"):
+    with pytest.raises(PropertyError, match=r"write\.target-file-size-bytes"):
         TableSettings.for_write({}, {"write.target-file-size-bytes": "big"}, "file:///t")
 
 
