@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness import BenchConfig, log, start_spark, worker_environment
-from benchmarks.keyed_scenarios import IDENT, UPSERT_BATCH_FULL, _arrow_rows, _upsert_batch
+from benchmarks.keyed_scenarios import IDENT, UPSERT_BATCH_FULL, arrow_rows, upsert_batch
 
 TARGET_LARGE_OVER_SMALL = 1.6
 
@@ -78,7 +78,7 @@ def _one_size(spark: Any, workdir: Path, size: int, chunk: int, reps: int, with_
     result: dict[str, Any] = {"rows": size}
     started = time.perf_counter()
     for start in range(0, size, chunk):
-        lakesink["write"](lakesink["prepare"](_arrow_rows(np.arange(start, min(size, start + chunk)), 0)))
+        lakesink["write"](lakesink["prepare"](arrow_rows(np.arange(start, min(size, start + chunk)), 0)))
         log(f"  {size:,}: lakesink base {min(size, start + chunk):,} rows, {time.perf_counter() - started:.0f} s")
     result["lakesink_build_s"] = round(time.perf_counter() - started, 1)
     index_bytes = _dir_bytes(lakesink["index"])
@@ -88,13 +88,13 @@ def _one_size(spark: Any, workdir: Path, size: int, chunk: int, reps: int, with_
     if delta:
         started = time.perf_counter()
         for start in range(0, size, chunk):
-            delta["append"](_arrow_rows(np.arange(start, min(size, start + chunk)), 0))
+            delta["append"](arrow_rows(np.arange(start, min(size, start + chunk)), 0))
         result["delta_build_s"] = round(time.perf_counter() - started, 1)
     rng = np.random.default_rng(size)
     existing = size
     times: dict[str, list[float]] = {"lakesink": [], "delta-rs": []}
     for rep in range(1 + reps):
-        batch, existing = _upsert_batch(rng, existing, UPSERT_BATCH_FULL, rep + 1)
+        batch, existing = upsert_batch(rng, existing, UPSERT_BATCH_FULL, rep + 1)
         sides = [("lakesink", lakesink), ("delta-rs", delta)] if rep % 2 == 0 else [("delta-rs", delta), ("lakesink", lakesink)]
         for name, engine in sides:
             if engine is None:
@@ -112,7 +112,7 @@ def _one_size(spark: Any, workdir: Path, size: int, chunk: int, reps: int, with_
                 times[name].append(round(seconds, 3))
     # The index is a cache: deleted, the next batch rebuilds it from the table first.
     shutil.rmtree(lakesink["index"])
-    batch, existing = _upsert_batch(rng, existing, UPSERT_BATCH_FULL, 99)
+    batch, existing = upsert_batch(rng, existing, UPSERT_BATCH_FULL, 99)
     df = lakesink["prepare"](batch)
     began = time.perf_counter()
     lakesink["write"](df)

@@ -29,7 +29,7 @@ IDENT = "bench.keyed"
 FIRST_DAY = np.datetime64("2026-01-01T00:00:00", "us")
 
 
-def _arrow_rows(ids: np.ndarray, version: int) -> pa.Table:
+def arrow_rows(ids: np.ndarray, version: int) -> pa.Table:
     """The benchmark's columns for the given ids; `version` changes the non-key values."""
     ids = ids.astype(np.int64)
     h = (ids * 2654435761 + version * 97) % 1_000_003
@@ -45,11 +45,11 @@ def _arrow_rows(ids: np.ndarray, version: int) -> pa.Table:
     )
 
 
-def _upsert_batch(rng: np.random.Generator, existing: int, size: int, version: int) -> tuple[pa.Table, int]:
+def upsert_batch(rng: np.random.Generator, existing: int, size: int, version: int) -> tuple[pa.Table, int]:
     """Half updates of random existing keys (unique), half new keys; returns (batch, new max)."""
     updates = rng.choice(existing, size // 2, replace=False)
     new = np.arange(existing, existing + size - size // 2)
-    return _arrow_rows(np.concatenate([updates, new]), version), existing + len(new)
+    return arrow_rows(np.concatenate([updates, new]), version), existing + len(new)
 
 
 def _fresh(path: Path) -> Path:
@@ -86,7 +86,7 @@ def _cached(ctx: BenchContext, batch: pa.Table, *by: str):  # type: ignore[no-un
     return df
 
 
-def _save(df, fmt: str, options: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+def save_df(df, fmt: str, options: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
     writer = df.write.format(fmt)
     for k, v in options.items():
         writer = writer.option(k, v)
@@ -98,7 +98,7 @@ def _floor_engine(ctx: BenchContext) -> _Engine:
     nothing. No Python sink, lakesink included, can write the batch faster."""
 
     def write(df) -> None:  # type: ignore[no-untyped-def]
-        _save(df, "noop_python", {})
+        save_df(df, "noop_python", {})
         df.unpersist()
 
     return _Engine(FLOOR, lambda base: None, write, None, prepare=lambda batch: _cached(ctx, batch))
@@ -112,7 +112,7 @@ def _lakesink_engine(ctx: BenchContext, root: Path) -> _Engine:
         return _cached(ctx, batch)
 
     def write(df) -> None:  # type: ignore[no-untyped-def]
-        _save(df, "lakesink", options)
+        save_df(df, "lakesink", options)
         df.unpersist()
 
     def rows() -> int:
@@ -146,7 +146,7 @@ def _pyiceberg_engine(root: Path) -> _Engine:
     return _Engine("pyiceberg", build, upsert, lambda: catalog.load_table("bench.keyed").scan().to_arrow().num_rows)
 
 
-def _delta_engine(root: Path) -> _Engine | None:
+def delta_engine(root: Path) -> _Engine | None:
     try:
         from deltalake import DeltaTable, write_deltalake
     except ImportError:
@@ -167,7 +167,7 @@ def _delta_engine(root: Path) -> _Engine | None:
 
 def _run_upserts(ctx: BenchContext, size: int, batch_rows: int, engines: list[_Engine], reps: int, tag: str) -> dict[str, list[float]]:
     root = ctx.config.workdir / "keyed" / tag
-    base = _arrow_rows(np.arange(size), 0)
+    base = arrow_rows(np.arange(size), 0)
     for engine in engines:
         started = time.perf_counter()
         engine.build(base)
@@ -176,7 +176,7 @@ def _run_upserts(ctx: BenchContext, size: int, batch_rows: int, engines: list[_E
     existing = size
     times: dict[str, list[float]] = {e.name: [] for e in engines}
     for rep in range(ctx.config.warmup + reps):
-        batch, existing = _upsert_batch(rng, existing, batch_rows, rep + 1)
+        batch, existing = upsert_batch(rng, existing, batch_rows, rep + 1)
         order = engines if rep % 2 == 0 else list(reversed(engines))
         for engine in order:
             prepared = engine.prepare(batch)
@@ -207,13 +207,13 @@ def scenario_upsert(ctx: BenchContext) -> dict[str, Any]:
     reps = 2 if quick else 5
     root_small = _fresh(ctx.config.workdir / "keyed" / "small")
     engines_small = [_lakesink_engine(ctx, root_small), _pyiceberg_engine(root_small), _floor_engine(ctx)]
-    delta = _delta_engine(root_small)
+    delta = delta_engine(root_small)
     if delta:
         engines_small.append(delta)
     small_times = _run_upserts(ctx, small, batch_rows, engines_small, reps, "small")
     root_large = _fresh(ctx.config.workdir / "keyed" / "large")
     engines_large = [_lakesink_engine(ctx, root_large), _floor_engine(ctx)]
-    delta_large = _delta_engine(root_large)
+    delta_large = delta_engine(root_large)
     if delta_large:
         engines_large.append(delta_large)
     large_times = _run_upserts(ctx, large, batch_rows, engines_large, reps, "large")
@@ -295,18 +295,18 @@ def scenario_cdc(ctx: BenchContext) -> dict[str, Any]:
 
     def timed(df, fmt: str, opts: dict[str, str]) -> float:  # type: ignore[no-untyped-def]
         started = time.perf_counter()
-        _save(df, fmt, opts)
+        save_df(df, fmt, opts)
         return time.perf_counter() - started
 
     latencies, floors = [], []
     live_rows = base_rows
-    for b, table, live in cdc_batches(_arrow_rows, base_rows, batch_rows, batches):
+    for b, table, live in cdc_batches(arrow_rows, base_rows, batch_rows, batches):
         live_rows = live
         # The input is built, shuffled by key and cached outside the timing, as scenario 4's:
         # the figure is the sink's, not Spark's transfer of a local Arrow table.
         df = _cached(ctx, table, "id")
         if b == 0:
-            _save(df, "lakesink", options)  # the base table, not timed
+            save_df(df, "lakesink", options)  # the base table, not timed
             df.unpersist()
             continue
         # Spark's floor on the same cached input, before or after the batch by turns.
@@ -401,16 +401,16 @@ def scenario_keyed_tasks(ctx: BenchContext) -> dict[str, Any]:
                "index_dir": str(root / "index")}
 
     def write(df) -> None:  # type: ignore[no-untyped-def]
-        _save(df, "lakesink", options)
+        save_df(df, "lakesink", options)
 
-    write(ctx.spark.createDataFrame(_arrow_rows(np.arange(base_rows), 0)).repartition(2))
+    write(ctx.spark.createDataFrame(arrow_rows(np.arange(base_rows), 0)).repartition(2))
     rng = np.random.default_rng(7)
     existing = base_rows
     times: dict[str, list[float]] = {"1 task": [], "2 tasks": []}
     for rep in range(ctx.config.warmup + reps):
         sides = [("1 task", 1), ("2 tasks", 2)] if rep % 2 == 0 else [("2 tasks", 2), ("1 task", 1)]
         for name, tasks in sides:
-            batch, existing = _upsert_batch(rng, existing, batch_rows, 2 * rep + tasks)
+            batch, existing = upsert_batch(rng, existing, batch_rows, 2 * rep + tasks)
             df = ctx.spark.createDataFrame(batch).repartition(tasks).cache()
             df.count()
             started = time.perf_counter()

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import harness  # noqa: E402
 from benchmarks.cdc_data import cdc_batches  # noqa: E402
-from benchmarks.keyed_scenarios import _arrow_rows  # noqa: E402
+from benchmarks.keyed_scenarios import arrow_rows  # noqa: E402
 
 
 def main() -> None:
@@ -57,7 +57,7 @@ def main() -> None:
 
     batch_rows = 100_000
     rows = []
-    for b, table, _ in cdc_batches(_arrow_rows, 1_000_000, batch_rows, batches):
+    for b, table, _ in cdc_batches(arrow_rows, 1_000_000, batch_rows, batches):
         shutil.rmtree(prof_dir, ignore_errors=True)
         started, seconds = write(table)
         if b == 0:

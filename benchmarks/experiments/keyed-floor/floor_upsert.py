@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import harness  # noqa: E402
-from benchmarks.keyed_scenarios import _arrow_rows, _delta_engine, _save, _upsert_batch  # noqa: E402
+from benchmarks.keyed_scenarios import arrow_rows, delta_engine, save_df, upsert_batch  # noqa: E402
 
 
 def main() -> None:
@@ -49,12 +49,12 @@ def main() -> None:
     options = {"table": "bench.keyed", "warehouse": str(work / "warehouse"), "operation": "upsert", "primary_key": "id",
                "index_dir": str(work / "index")}
 
-    base = _arrow_rows(np.arange(size), 0)
+    base = arrow_rows(np.arange(size), 0)
     df = spark.createDataFrame(base).repartition(2).cache()
     df.count()
-    _save(df, "lakesink", options)
+    save_df(df, "lakesink", options)
     df.unpersist()
-    delta = _delta_engine(work)
+    delta = delta_engine(work)
     if delta is not None:
         delta.build(base)
     rng = np.random.default_rng(size)
@@ -63,7 +63,7 @@ def main() -> None:
     times: dict[str, list[float]] = {s: [] for s in sides}
     task_cpu: list[float] = []
     for rep in range(reps + 1):  # the first is a warm-up
-        batch, existing = _upsert_batch(rng, existing, 100_000, rep + 1)
+        batch, existing = upsert_batch(rng, existing, 100_000, rep + 1)
         df = spark.createDataFrame(batch).repartition(2).cache()
         df.count()
         line = []
@@ -71,9 +71,9 @@ def main() -> None:
             shutil.rmtree(prof, ignore_errors=True)
             started = time.perf_counter()
             if side == "noop":
-                _save(df, "noop_python", {})
+                save_df(df, "noop_python", {})
             elif side == "lakesink":
-                _save(df, "lakesink_profiled", options)
+                save_df(df, "lakesink_profiled", options)
             else:
                 assert delta is not None
                 delta.upsert(batch)
