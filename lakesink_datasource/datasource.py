@@ -19,6 +19,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
+    DataSourceReader,
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
@@ -33,6 +34,7 @@ from lakesink_datasource.maintenance.tombstone_storing import store_tombstones_b
 from lakesink_datasource.messages import decode_messages
 from lakesink_datasource.options import OptionError, WriteOptions, parse_options
 from lakesink_datasource.progress import BatchTiming, report_batch
+from lakesink_datasource.read import metadata_tables
 from lakesink_datasource.read.batch import LakeSinkFilteringReader, LakeSinkReader, filter_pushdown_enabled
 from lakesink_datasource.read.changes import CHANGE_TYPE, COMMIT_SNAPSHOT_ID
 from lakesink_datasource.read.options import parse_read_options
@@ -61,6 +63,9 @@ class LakeSinkDataSource(DataSource):
         from lakesink_datasource.schema.iceberg_to_spark import iceberg_to_spark
 
         options = parse_read_options(read_subset(self.options))
+        meta = metadata_tables.resolve(options)
+        if meta is not None:
+            return metadata_tables.spark_schema(meta)
         try:
             state = resolve_state(options)
         except NoSuchTable as exc:
@@ -71,9 +76,12 @@ class LakeSinkDataSource(DataSource):
             schema = schema.add(CHANGE_TYPE, "string", nullable=False).add(COMMIT_SNAPSHOT_ID, "long", nullable=False)
         return schema
 
-    def reader(self, schema: StructType) -> LakeSinkReader:
+    def reader(self, schema: StructType) -> DataSourceReader:
         settle_imports()
         options = parse_read_options(self.options)
+        meta = metadata_tables.resolve(options)
+        if meta is not None:
+            return metadata_tables.MetadataTableReader(meta, schema)
         if options.stream_options:
             raise OptionError(
                 f"option(s) {', '.join(repr(o) for o in options.stream_options)} apply to spark.readStream; a batch read "
