@@ -48,6 +48,6 @@ def test_lakesink_history_has_each_batch_s_figures(spark, upserted: str) -> None
 
 
 def test_time_travel_options_on_a_metadata_table_are_refused(spark, upserted: str) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(Exception, match="metadata table db.t.snapshots shows the table's current metadata") as refused:
+    with pytest.raises(Exception, match=r"metadata table db\.t\.snapshots shows the table's current metadata") as refused:
         spark.read.format("lakesink").option("warehouse", upserted).option("snapshot_id", "1").load("db.t.snapshots").collect()
     assert OptionError.__name__ in str(refused.value)
