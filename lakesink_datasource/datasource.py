@@ -36,7 +36,7 @@ from lakesink_datasource.options import OptionError, WriteOptions, parse_options
 from lakesink_datasource.progress import BatchTiming, report_batch
 from lakesink_datasource.read import metadata_tables
 from lakesink_datasource.read.batch import LakeSinkFilteringReader, LakeSinkReader, filter_pushdown_enabled
-from lakesink_datasource.read.changes import CHANGE_TYPE, COMMIT_SNAPSHOT_ID
+from lakesink_datasource.read.changes import CHANGE_ORDINAL, CHANGE_TYPE, COMMIT_SNAPSHOT_ID, COMMIT_TIMESTAMP
 from lakesink_datasource.read.options import parse_read_options
 from lakesink_datasource.read.stream import LakeSinkStreamReader
 from lakesink_datasource.table.plan import WritePlan
@@ -73,7 +73,8 @@ class LakeSinkDataSource(DataSource):
             raise NoSuchTable(f"{exc}: give the columns in CREATE TABLE, or write to the table first") from None
         schema = iceberg_to_spark(state.schema)
         if options.read_changes:
-            schema = schema.add(CHANGE_TYPE, "string", nullable=False).add(COMMIT_SNAPSHOT_ID, "long", nullable=False)
+            schema = (schema.add(CHANGE_TYPE, "string", nullable=False).add(COMMIT_SNAPSHOT_ID, "long", nullable=False)
+                      .add(CHANGE_ORDINAL, "long", nullable=False).add(COMMIT_TIMESTAMP, "timestamp", nullable=False))
         return schema
 
     def reader(self, schema: StructType) -> DataSourceReader:

@@ -53,6 +53,10 @@ from lakesink_datasource.table import metadata_cache
 
 CHANGE_TYPE = "_change_type"
 COMMIT_SNAPSHOT_ID = "_commit_snapshot_id"
+# Commit order: the snapshot's sequence number, which every commit of the table raises (so it
+# is the same in every read and stream of the table, unlike a position within one scan).
+CHANGE_ORDINAL = "_change_ordinal"
+COMMIT_TIMESTAMP = "_commit_timestamp"  # the snapshot's commit time
 NOTHING = -1  # the offset before any snapshot was emitted
 
 
@@ -70,6 +74,8 @@ class Unit:
     data_file: DataFile
     positions: bytes  # a serialized BitMap64
     keep: bool
+    sequence_number: int = 0  # the snapshot's: its place in commit order
+    timestamp_ms: int = 0  # the snapshot's commit time
 
     @property
     def size(self) -> int:
@@ -138,10 +144,11 @@ def units_for(metadata: TableMetadata, io: FileIO, snapshot: Snapshot, *, full: 
     position deletes ADDED (its new DVs) and DELETED (the DVs they replace, or of files it
     removed), so no parent state is needed and an expired parent changes nothing."""
     sid = snapshot.snapshot_id
+    order = {"sequence_number": snapshot.sequence_number or 0, "timestamp_ms": snapshot.timestamp_ms}
     if full:
         _refuse_other_deletes(live_entries(io, snapshot, ManifestContent.DELETES), sid)
         dvs = live_position_deletes(io, snapshot)
-        return [Unit(sid, "insert", e.data_file, _bitmap(io, dvs.get(e.data_file.file_path)).serialize(), False)
+        return [Unit(sid, "insert", e.data_file, _bitmap(io, dvs.get(e.data_file.file_path)).serialize(), False, **order)
                 for e in live_data_files(io, snapshot)]
     operation = _operation(snapshot)
     if operation == "replace":
@@ -162,19 +169,19 @@ def units_for(metadata: TableMetadata, io: FileIO, snapshot: Snapshot, *, full: 
         if e.data_file.content == DataFileContent.DATA:
             added_files.add(e.data_file.file_path)
             hidden = _bitmap(io, now.get(e.data_file.file_path))  # rows its own snapshot already hid
-            units.append(Unit(sid, "insert", e.data_file, hidden.serialize(), False))
+            units.append(Unit(sid, "insert", e.data_file, hidden.serialize(), False, **order))
     if not read_changes:
         return units
     for e in entries_changed_by(io, snapshot, ManifestEntryStatus.DELETED):
         path = e.data_file.file_path
-        units.append(Unit(sid, "delete", e.data_file, _bitmap(io, before.get(path)).serialize(), False))
+        units.append(Unit(sid, "delete", e.data_file, _bitmap(io, before.get(path)).serialize(), False, **order))
     targets = [t for t in now if t is not None and t not in added_files]
     if targets:
         data_files = {e.data_file.file_path: e.data_file for e in live_data_files(io, snapshot)}
         for target in targets:
             newly = _bitmap(io, now[target]) - _bitmap(io, before.get(target))
             if newly and target in data_files:
-                units.append(Unit(sid, "delete", data_files[target], newly.serialize(), True))
+                units.append(Unit(sid, "delete", data_files[target], newly.serialize(), True, **order))
     return units
 
 
@@ -198,7 +205,7 @@ def read_units(plan_metadata: str, io_properties: dict[str, str], schema_json: s
     metadata = metadata_cache.load(plan_metadata, io_properties)
     io = metadata_cache.file_io(io_properties, plan_metadata)
     schema = Schema.model_validate_json(schema_json)
-    by_snapshot: dict[int, list[tuple[Unit, pa.Table]]] = {}
+    by_snapshot: dict[int, list[tuple[Unit, pa.Table]]] = {}  # in the order of `units`: commit order
     for unit in units:
         rows = _file_rows(metadata, io, schema, unit)
         if not with_changes:
@@ -251,4 +258,8 @@ def _label(snapshot_id: int, parts: list[tuple[Unit, pa.Table]], key_columns: tu
         else:
             labels = pa.array([unit.change] * rows.num_rows, pa.string())
         rows = rows.append_column(CHANGE_TYPE, labels)
-        yield rows.append_column(COMMIT_SNAPSHOT_ID, pa.array(np.full(rows.num_rows, snapshot_id, dtype=np.int64)))
+        rows = rows.append_column(COMMIT_SNAPSHOT_ID, pa.array(np.full(rows.num_rows, snapshot_id, dtype=np.int64)))
+        rows = rows.append_column(CHANGE_ORDINAL, pa.array(np.full(rows.num_rows, unit.sequence_number, dtype=np.int64)))
+        yield rows.append_column(
+            COMMIT_TIMESTAMP, pa.array(np.full(rows.num_rows, unit.timestamp_ms * 1000, dtype=np.int64), pa.timestamp("us", tz="UTC"))
+        )
