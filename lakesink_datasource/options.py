@@ -118,17 +118,23 @@ def _valid_names() -> str:
 
 
 def _did_you_mean(name: str) -> str:
-    """`; did you mean 'x'?` for the closest valid option (also across camelCase/snake_case)."""
+    return did_you_mean(name, _SIMPLE, _ALIASES)
+
+
+def did_you_mean(name: str, valid: set[str], aliases: Mapping[str, str]) -> str:
+    """`; did you mean 'x'?` for the closest valid option (also across camelCase/snake_case);
+    shared by the write and the read options."""
     snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
-    candidates = sorted(_SIMPLE | set(_ALIASES))
+    candidates = sorted(valid | set(aliases))
     for probe in (name, snake, name.replace("-", "_")):
-        if probe in _SIMPLE:
+        if probe in valid:
             return f"; did you mean '{probe}'?"
     squashed = {c.replace("_", ""): c for c in candidates}
     if name.replace("_", "").replace("-", "") in squashed:
-        return f"; did you mean '{squashed[name.replace('_', '').replace('-', '')]}'?"
+        found = squashed[name.replace("_", "").replace("-", "")]
+        return f"; did you mean '{aliases.get(found, found)}'?"
     close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
-    return f"; did you mean '{_ALIASES.get(close[0], close[0])}'?" if close else ""
+    return f"; did you mean '{aliases.get(close[0], close[0])}'?" if close else ""
 
 
 def _csv(value: str) -> tuple[str, ...]:

@@ -137,7 +137,9 @@ def _refuse_other_deletes(entries: list[ManifestEntry], sid: int) -> None:
             )
 
 
-def units_for(metadata: TableMetadata, io: FileIO, snapshot: Snapshot, *, full: bool, read_changes: bool) -> list[Unit]:
+def units_for(
+    metadata: TableMetadata, io: FileIO, snapshot: Snapshot, *, full: bool, read_changes: bool, skip: frozenset[str] = frozenset()
+) -> list[Unit]:
     """The rows `snapshot` contributes to the stream (its whole state when `full`).
 
     Its changes are read from the entries it wrote itself: data files ADDED and DELETED, and
@@ -153,11 +155,14 @@ def units_for(metadata: TableMetadata, io: FileIO, snapshot: Snapshot, *, full: 
     operation = _operation(snapshot)
     if operation == "replace":
         return []
+    if operation in skip and not read_changes:
+        return []  # skip_delete_snapshots / skip_overwrite_snapshots: the user chose to miss it whole, as Iceberg does
     if operation != "append" and _changes_rows(snapshot) and not read_changes:
         raise StreamReadError(
             f"snapshot {sid} ({operation}) deletes or replaces rows, which a streaming read of appends cannot emit; "
-            "set read_changes=true to read a change feed (inserts, deletes and updates), or start a new query after "
-            f"it with starting_snapshot_id"
+            "set read_changes=true to read a change feed (inserts, deletes and updates), "
+            f"skip_{operation}_snapshots=true to skip such snapshots whole, or start a new query after it with "
+            "starting_snapshot_id"
         )
     added_deletes = entries_changed_by(io, snapshot, ManifestEntryStatus.ADDED, ManifestContent.DELETES)
     _refuse_other_deletes(added_deletes, sid)

@@ -13,14 +13,32 @@ from datetime import datetime, timezone
 
 import msgspec
 
-from lakesink_datasource.options import DEFAULT_WAREHOUSE, OptionError, TableTarget, bool_option, int_option
+from lakesink_datasource.options import DEFAULT_WAREHOUSE, OptionError, TableTarget, bool_option, did_you_mean, int_option
 
-_STREAM_ONLY = {"starting_snapshot_id", "starting_timestamp", "max_files_per_trigger", "read_changes"}
+_STREAM_ONLY = {
+    "starting_snapshot_id", "starting_timestamp", "max_files_per_trigger", "read_changes", "skip_delete_snapshots",
+    "skip_overwrite_snapshots",
+}
 _READ = {"table", "warehouse", "catalog", "snapshot_id", "as_of_timestamp", "branch", "split_size_bytes", *_STREAM_ONLY}
 _ALIASES = {"path": "table", "snapshot-id": "snapshot_id", "as-of-timestamp": "as_of_timestamp",
             "split-size": "split_size_bytes", "snapshotid": "snapshot_id", "asoftimestamp": "as_of_timestamp",
             "maxfilespertrigger": "max_files_per_trigger", "streaming-max-files-per-micro-batch": "max_files_per_trigger",
-            "stream-from-timestamp": "starting_timestamp"}
+            "stream-from-timestamp": "starting_timestamp",
+            # Iceberg's Spark runtime
+            "streaming-skip-delete-snapshots": "skip_delete_snapshots",
+            "streaming-skip-overwrite-snapshots": "skip_overwrite_snapshots",
+            # Delta's
+            "timestampasof": "as_of_timestamp", "readchangefeed": "read_changes", "readchangedata": "read_changes",
+            "startingtimestamp": "starting_timestamp"}
+# Options of other engines that have no lakesink equivalent: refused with what to use instead.
+_NOT_HERE = {
+    "versionasof": "an Iceberg table has snapshot ids, not versions: use 'snapshot_id' (db.t.snapshots lists them) "
+                   "or 'as_of_timestamp'",
+    "startingversion": "an Iceberg table has snapshot ids, not versions: use 'starting_snapshot_id' or 'starting_timestamp'",
+    "endingversion": "a batch read of changes is not supported yet: read the change feed with readStream and read_changes=true",
+    "streaming-max-rows-per-micro-batch": "lakesink limits a micro-batch by files: use 'max_files_per_trigger'",
+    "maxbytespertrigger": "lakesink limits a micro-batch by files: use 'max_files_per_trigger'",
+}
 _SPARK_OWNED = {"checkpointlocation", "queryname"}
 
 SQL_READ_HINT = (
@@ -39,6 +57,11 @@ class ReadOptions(TableTarget, frozen=True, kw_only=True):
     starting_timestamp_ms: int | None = None
     max_files_per_trigger: int | None = None
     read_changes: bool = False
+    # A plain stream skips snapshots that delete (or overwrite) rows instead of failing on
+    # them (Iceberg's streaming-skip-delete-snapshots / -overwrite-snapshots): it then misses
+    # what they did, which the user asked for.
+    skip_delete_snapshots: bool = False
+    skip_overwrite_snapshots: bool = False
 
     @property
     def stream_options(self) -> list[str]:
@@ -48,6 +71,8 @@ class ReadOptions(TableTarget, frozen=True, kw_only=True):
             "starting_timestamp": self.starting_timestamp_ms is not None,
             "max_files_per_trigger": self.max_files_per_trigger is not None,
             "read_changes": self.read_changes,
+            "skip_delete_snapshots": self.skip_delete_snapshots,
+            "skip_overwrite_snapshots": self.skip_overwrite_snapshots,
         }
         return [name for name, present in given.items() if present]
 
@@ -87,10 +112,13 @@ def parse_read_options(raw: Mapping[str, str]) -> ReadOptions:
             continue
         if name in _SPARK_OWNED:
             continue
+        if name in _NOT_HERE:
+            raise OptionError(f"option '{key}': {_NOT_HERE[name]}")
         name = _ALIASES.get(name, name)
         if name not in _READ:
             raise OptionError(
-                f"option '{key}' does not apply to reads (read options: {', '.join(sorted(_READ | {'catalog.<property>'}))})"
+                f"option '{key}' does not apply to reads{did_you_mean(name, _READ, _ALIASES)} "
+                f"(read options: {', '.join(sorted(_READ | {'catalog.<property>'}))})"
             )
         values[name] = value
     table = values.get("table", "").strip()
@@ -120,8 +148,9 @@ def parse_read_options(raw: Mapping[str, str]) -> ReadOptions:
         kwargs["starting_timestamp_ms"] = parse_timestamp_ms("starting_timestamp", values["starting_timestamp"])
     if "starting_snapshot_id" in values and "starting_timestamp" in values:
         raise OptionError("options 'starting_snapshot_id' and 'starting_timestamp' exclude each other: give one")
-    if "read_changes" in values:
-        kwargs["read_changes"] = bool_option("read_changes", values["read_changes"])
+    for name in ("read_changes", "skip_delete_snapshots", "skip_overwrite_snapshots"):
+        if name in values:
+            kwargs[name] = bool_option(name, values[name])
     return msgspec.convert(kwargs, ReadOptions)
 
 

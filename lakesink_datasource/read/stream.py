@@ -101,6 +101,13 @@ class LakeSinkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end = snapshot.snapshot_id
         return {"snapshot_id": end, "scan_all": False}
 
+    @property
+    def _skipped_operations(self) -> frozenset[str]:
+        return frozenset(
+            op for op, skip in (("delete", self._options.skip_delete_snapshots), ("overwrite", self._options.skip_overwrite_snapshots))
+            if skip
+        )
+
     def partitions(self, start: Offset, end: Offset) -> list[InputPartition]:
         if start["snapshot_id"] == end["snapshot_id"]:
             return []
@@ -108,7 +115,8 @@ class LakeSinkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         metadata, io = table.metadata, table.io
         chain = snapshots_between(metadata, start["snapshot_id"], end["snapshot_id"])
         per_snapshot = [
-            units_for(metadata, io, s, full=start["scan_all"] and i == 0, read_changes=self._options.read_changes)
+            units_for(metadata, io, s, full=start["scan_all"] and i == 0, read_changes=self._options.read_changes,
+                      skip=self._skipped_operations)
             for i, s in enumerate(chain)
         ]
         location = table.metadata_location

@@ -76,6 +76,16 @@ def test_a_snapshot_that_deletes_rows_fails_a_plain_stream_naming_it(spark, ware
         _stream(spark, warehouse, "db.keyedsrc", tmp_path / "ck", tmp_path / "out")
 
 
+def test_a_plain_stream_told_to_skip_overwrites_emits_the_appends_only(spark, warehouse: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    keyed = {"operation": "upsert", "primary_key": "id", "index_dir": f"{warehouse}/idx"}
+    _write(spark, warehouse, "db.skipping", _batch(0, 4, "a"), **keyed)
+    _write(spark, warehouse, "db.skipping", _batch(2, 4, "b"), **keyed)  # an overwrite: hides 2, 3
+    _write(spark, warehouse, "db.skipping", _batch(10, 2, "c"))  # a plain append
+    sink = tmp_path / "out"
+    _stream(spark, warehouse, "db.skipping", tmp_path / "ck", sink, **{"streaming-skip-overwrite-snapshots": "true"})
+    assert _sink(spark, sink, COLUMNS) == expected_rows(_batch(0, 4, "a") + _batch(10, 2, "c"), COLUMNS)
+
+
 def test_the_change_feed_of_a_cdc_table_replays_every_later_snapshot(spark, warehouse: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     cdc = {"operation": "cdc", "op_column": "op", "primary_key": "id", "index_dir": f"{warehouse}/idx", "maintenance": "off"}
     steps = [

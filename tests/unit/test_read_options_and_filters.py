@@ -37,6 +37,29 @@ def test_read_options_parse_times_and_name_what_is_wrong() -> None:
     assert parse_read_options({"table": "db.t", "read_changes": "true"}).stream_options == ["read_changes"]
 
 
+def test_iceberg_s_and_delta_s_read_spellings_are_taken_or_refused_with_ours() -> None:
+    delta = parse_read_options({"table": "db.t", "timestampAsOf": "2026-01-02T00:00:00Z", "readChangeFeed": "true",
+                                "startingTimestamp": "5"})
+    assert (delta.as_of_timestamp_ms, delta.read_changes, delta.starting_timestamp_ms) == (1_767_312_000_000, True, 5)
+    iceberg = parse_read_options({"table": "db.t", "snapshot-id": "7", "streaming-skip-delete-snapshots": "true",
+                                  "streaming-skip-overwrite-snapshots": "true", "streaming-max-files-per-micro-batch": "2"})
+    assert (iceberg.snapshot_id, iceberg.skip_delete_snapshots, iceberg.skip_overwrite_snapshots, iceberg.max_files_per_trigger) == (
+        7, True, True, 2)
+    with pytest.raises(OptionError, match="option 'versionAsOf': an Iceberg table has snapshot ids, not versions: use 'snapshot_id'"):
+        parse_read_options({"table": "db.t", "versionAsOf": "3"})
+    with pytest.raises(OptionError, match="use 'starting_snapshot_id'"):
+        parse_read_options({"table": "db.t", "startingVersion": "3"})
+    with pytest.raises(OptionError, match="use 'max_files_per_trigger'"):
+        parse_read_options({"table": "db.t", "streaming-max-rows-per-micro-batch": "1000"})
+
+
+def test_a_misspelt_read_option_gets_a_suggestion() -> None:
+    with pytest.raises(OptionError, match="option 'snapshotid_' does not apply to reads; did you mean 'snapshot_id'"):
+        parse_read_options({"table": "db.t", "snapshotid_": "3"})
+    with pytest.raises(OptionError, match="option 'readChanges' does not apply to reads; did you mean 'read_changes'"):
+        parse_read_options({"table": "db.t", "readChanges": "true"})
+
+
 def test_only_filters_iceberg_evaluates_as_spark_does_are_taken() -> None:
     taken = {
         "id > 5": f.GreaterThan(("id",), 5),
