@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow as pa
 
 from lakesink_datasource.index.key_encoding import encode_keys
-from lakesink_datasource.index.key_index import KeyIndex, Location, drop_index, open_index
+from lakesink_datasource.index.key_index import KeyIndex, drop_index, open_index
+from lakesink_datasource.index.location_codec import Location
 
 
 def timed(rows: int, run: Callable[[], None]) -> tuple[float, float]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from lakesink_datasource.index.key_index import Location
+from lakesink_datasource.index.location_codec import Location
 
 KEYS = [b"k%d" % i for i in range(8)]
 TOKENS = [f"q/{i // 2}/{i % 2}" for i in range(5)]

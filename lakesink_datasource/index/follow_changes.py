@@ -43,7 +43,7 @@ from lakesink_datasource.iceberg.summary_keys import DELETED_KEYS, DELETES_REPOR
 from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.key_columns import SEQUENCE, TOMBSTONE, KeyColumns
 from lakesink_datasource.index.key_encoding import encode_keys
-from lakesink_datasource.index.key_index import pack_positions
+from lakesink_datasource.index.location_codec import pack_positions
 from lakesink_datasource.index.reindex import file_ref, index_files, read_keys
 from lakesink_datasource.index.sharded_index import ShardedIndex
 

@@ -1,37 +1,31 @@
-"""LMDB-backed primary-key index: encoded key -> where the live row sits.
+"""One LMDB environment of the key index (`KeyIndex`): a shard of the keys, or the file table.
 
-One LMDB environment per table directory (the caller picks `index_dir/<table-uuid>`).
+A table's index on a host is sharded (`sharded_index.py`): under its directory, each
+``shard-NN/`` is an environment holding the keys that hash to it, with their undo log and
+state, and ``files/`` is the environment of the one file table that every shard's
+locations point into, with the compactions' move maps. Every environment is a `KeyIndex`
+and opens the same sub-databases; a shard leaves ``files`` and ``moves`` empty (its keyed
+transactions take ordinals from the file table: `transact`'s `ordinal_of`), the file
+table leaves ``keys`` and ``undo`` empty. Both record the state they reflect.
+
+* ``keys``  encoded key -> packed `Location` (`location_codec.py`)
+* ``undo``  the undo records of pending tokens (`undo_log.py`)
+* ``files`` ``b"o" + u32be ordinal`` -> data file path, ``b"p" + path`` -> u32be ordinal
+* ``moves`` u32be ordinal -> the file's move map, ``b"m" + u32be ordinal`` -> b"" for a
+  file only move maps lead into (`row_moves.py`)
+* ``meta``  the `IndexState`, the target of a catch-up under way, the last published
+  copy's sequence number, and the next file ordinal and undo sequence number
+
 LMDB allows one open handle per environment per process, and Spark reuses worker
 processes, so `open_index` caches the `KeyIndex` per absolute path; several processes on
 one host share the files through LMDB's own multi-process locking (one writer at a time,
-readers never block).
-
-Sub-databases of the environment:
-
-* ``keys``  encoded key -> packed `Location`
-* ``files`` ``b"o" + u32be ordinal`` -> data file path, ``b"p" + path`` -> u32 ordinal
-* ``undo``  ``b"t" + token`` -> token record, ``b"c" + u64be seq`` -> packed undo chunk
-* ``meta``  counters and the `IndexState` marker
-
-Undo model. Every `apply` writes, in the same transaction as the change, one undo record
-per key it actually changes: ``(key, previous value or absent, new value or absent)``,
-packed into chunks numbered by a global sequence. Rolling back replays the chunks of the
-chosen tokens newest first, so when one token touched a key twice the older record is
-replayed last and the key ends at its value from before the token (the "first previous
-value wins" rule falls out of the replay order, without reading old chunks on every
-apply). A record is only replayed while the key still holds the value that record wrote:
-if a surviving token (e.g. a retried task attempt that was committed) overwrote the key
-afterwards, rolling back the failed one must not clobber the survivor.
-
-Keys longer than LMDB's key limit (511 bytes by default) are stored as a prefix plus a
-256-bit BLAKE2b digest of the full key; the result always has exactly the limit's length,
-which no short key has, so the mapping stays injective up to digest collisions. Such keys
-lose bytewise ordering among themselves inside LMDB, which only costs lookup locality.
+readers never block). An environment found damaged or replaced (`damage.py`) is reopened,
+or started empty for the next sync to rebuild from the table. Keys too long for LMDB are
+fitted to its limit (`lmdb_env.py`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import operator
 import os
 import shutil
@@ -40,8 +34,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from itertools import compress, repeat
-from types import TracebackType
-from typing import Any, NamedTuple, Protocol, TypeVar, cast
+from typing import Any, cast
 
 import lmdb
 import msgspec
@@ -50,52 +43,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakesink_datasource.arrays import take_items
+from lakesink_datasource.index import lmdb_env
+from lakesink_datasource.index.damage import damage, data_inode, remove_environment
+from lakesink_datasource.index.lmdb_env import T, Txn, fit_key, fit_keys
+from lakesink_datasource.index.location_codec import Found, Location, decode_locations, pack_location, unpack_location
+from lakesink_datasource.index.undo_log import UndoLog
 
-__all__ = [
-    "Found",
-    "IndexState",
-    "KeyIndex",
-    "Location",
-    "drop_index",
-    "open_index",
-]
-
-T = TypeVar("T")
-
-
-class _Cursor(Protocol):
-    def set_range(self, key: bytes) -> bool: ...
-    def __iter__(self) -> Iterator[tuple[bytes, bytes]]: ...
-    def putmulti(self, items: Iterable[tuple[bytes, bytes]]) -> tuple[int, int]: ...
-
-
-class _Txn(Protocol):
-    """What the index uses of an lmdb transaction. lmdb's stubs type values as
-    `bytes | memoryview` to cover `buffers=True`; lakesink asks for buffers only to read
-    move maps as numpy views (`KeyIndex.move_maps`, which takes them as buffers), so every
-    other value is `bytes` (the one cast is in `KeyIndex._begin`)."""
-
-    def get(self, key: bytes, default: bytes | None = None, db: Any = None) -> bytes | None: ...
-    def put(self, key: bytes, value: bytes, db: Any = None) -> bool: ...
-    def delete(self, key: bytes, value: bytes = b"", db: Any = None) -> bool: ...
-    def cursor(self, db: Any = None) -> _Cursor: ...
-    def drop(self, db: Any, delete: bool = True) -> None: ...
-    def stat(self, db: Any) -> dict[str, int]: ...
-    def abort(self) -> None: ...
-    def __enter__(self) -> _Txn: ...
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None: ...
-
-
-class Location(msgspec.Struct, array_like=True, frozen=True):
-    """Where a key's live row is: a data file (by compact ordinal) and a row position.
-
-    `sequence` is an order-preserving encoded sequence value (compared bytewise) when the
-    table resolves conflicting upserts by a sequence column, else None.
-    """
-
-    file_ordinal: int
-    position: int
-    sequence: bytes | None = None
+__all__ = ["IndexState", "KeyIndex", "drop_index", "open_index", "reopen_empty"]
 
 
 class IndexState(msgspec.Struct, frozen=True):
@@ -112,27 +66,12 @@ class IndexState(msgspec.Struct, frozen=True):
     tombstone_floor: bytes | None = None
 
 
-# ------------------------------------------------------------------------------ packing
-
-# u32 file ordinal + u64 row position; a sequence follows after a 0x01 marker so that an
-# empty sequence (b"") stays distinct from no sequence (None).
-_LOCATION = struct.Struct("<IQ")
-_SEQUENCE_MARKER = b"\x01"
-_U16 = struct.Struct("<H")
-_U32 = struct.Struct("<I")
 _U32BE = struct.Struct(">I")
 _U64 = struct.Struct("<Q")
-_U64BE = struct.Struct(">Q")
-_ABSENT = 0xFFFF  # undo length sentinel: the key had / gets no value
-
-# Records per undo chunk: ~300 KiB for typical keys, a few MiB at worst (511-byte keys),
-# so no single LMDB value needs a huge run of contiguous overflow pages.
-_UNDO_CHUNK_RECORDS = 8192
 
 _DB_KEYS, _DB_FILES, _DB_UNDO, _DB_META, _DB_MOVES = b"keys", b"files", b"undo", b"meta", b"moves"
 _MAP_ONLY = b"m"  # in the moves table: a file only move maps lead into (see move_maps)
 _META_NEXT_ORDINAL = b"next_ordinal"
-_META_NEXT_UNDO_SEQ = b"next_undo_seq"
 _META_STATE = b"state"
 # The target snapshot of a catch-up under way: its writes carry no undo (overwrite_packed),
 # so until the state moves, keys may already point where that snapshot put them.
@@ -142,116 +81,6 @@ _META_LAST_PUBLISHED = b"last_published"
 
 _STATE_ENCODER = msgspec.msgpack.Encoder()
 _STATE_DECODER = msgspec.msgpack.Decoder(IndexState)
-
-
-def _check_sequence_length(length: int) -> None:
-    # Undo records store value lengths as u16 with 0xFFFF meaning "absent".
-    if length >= _ABSENT - _LOCATION.size - 1:
-        raise ValueError(f"sequence value of {length} bytes is too long for the index")
-
-
-def pack_location(loc: Location) -> bytes:
-    head = _LOCATION.pack(loc.file_ordinal, loc.position)
-    if loc.sequence is not None:
-        _check_sequence_length(len(loc.sequence))
-    return head if loc.sequence is None else head + _SEQUENCE_MARKER + loc.sequence
-
-
-def pack_locations(ordinal: int, first_position: int, count: int, sequences: Sequence[bytes] | None = None) -> list[bytes]:
-    """`pack_location` for `count` consecutive positions of one file, vectorised."""
-    return pack_positions(ordinal, np.arange(first_position, first_position + count, dtype=np.uint64), sequences)
-
-
-def pack_positions(ordinal: int, positions: np.ndarray, sequences: Sequence[bytes | None] | None = None) -> list[bytes]:
-    """`pack_location` for rows at `positions` of one file, vectorised."""
-    width = _fixed_width(sequences) if sequences is not None and len(positions) else None
-    fields = [("ordinal", "<u4"), ("position", "<u8")]
-    if width is not None:
-        # Every row has a sequence of one width (an integer or timestamp column): the whole
-        # value is one numpy record, so no row costs a Python concatenation.
-        _check_sequence_length(width)
-        fields += [("marker", "u1"), ("sequence", f"V{width}")]
-    packed = np.empty(len(positions), dtype=fields)
-    packed["ordinal"] = ordinal
-    packed["position"] = positions
-    if width is not None:
-        packed["marker"] = _SEQUENCE_MARKER[0]
-        packed["sequence"] = np.frombuffer(b"".join(cast(Sequence[bytes], sequences)), dtype=f"V{width}")
-    # A void dtype's tolist() gives one bytes object per record, all in C.
-    heads: list[bytes] = packed.view(f"V{packed.dtype.itemsize}").tolist()
-    if sequences is None or width is not None:
-        return heads
-    lengths = [len(s) for s in sequences if s is not None]
-    if lengths:
-        _check_sequence_length(max(lengths))
-    return [h if s is None else h + _SEQUENCE_MARKER + s for h, s in zip(heads, sequences)]
-
-
-def _fixed_width(values: Sequence[bytes | None]) -> int | None:
-    """The one length of `values` when none is None (nor empty) and all are as long."""
-    if not values or None in values:
-        return None
-    widths = set(map(len, cast(Sequence[bytes], values)))
-    width = widths.pop()
-    return width if not widths and width > 0 else None
-
-
-def unpack_location(raw: bytes) -> Location:
-    if len(raw) == _LOCATION.size:  # the common no-sequence case, kept cheap
-        return Location(*_LOCATION.unpack(raw))
-    ordinal, position = _LOCATION.unpack_from(raw)
-    return Location(ordinal, position, raw[_LOCATION.size + 1 :])  # skip the marker byte
-
-
-class Found(NamedTuple):
-    """The current locations of a chunk of keys, as columns in the keys' order."""
-
-    present: np.ndarray  # bool: the index has the key
-    ordinal: np.ndarray  # int64 file ordinal (0 where absent)
-    position: np.ndarray  # int64 row position (0 where absent)
-    sequence: list[bytes | None] | None  # per key, None: no sequence; the list is None when no key has one
-
-
-def decode_locations(raw: Sequence[bytes | None]) -> Found:
-    """`unpack_location` of a whole lookup at once: the fixed heads are cut out of one joined
-    buffer by numpy, so only keys that carry a sequence cost a Python slice."""
-    n = len(raw)
-    values = [r or b"" for r in raw]  # a stored location is never empty
-    lengths = np.fromiter(map(len, values), dtype=np.int64, count=n)
-    present = lengths > 0
-    blob = np.frombuffer(b"".join(values), dtype=np.uint8)
-    size = _LOCATION.size
-    if blob.size == size * int(present.sum()):
-        heads = blob  # no sequences: the heads are the whole buffer
-    else:
-        starts = (np.cumsum(lengths) - lengths)[present]
-        heads = blob[(starts[:, None] + np.arange(size)).ravel()]
-    fields = np.ascontiguousarray(heads).view(np.dtype([("ordinal", "<u4"), ("position", "<u8")]))
-    ordinal = np.zeros(n, dtype=np.int64)
-    position = np.zeros(n, dtype=np.int64)
-    ordinal[present] = fields["ordinal"]
-    position[present] = fields["position"].astype(np.int64)
-    sequence = None
-    if blob.size != size * int(present.sum()):
-        sequence = _sequences(values, lengths, blob)
-    return Found(present, ordinal, position, sequence)
-
-
-def _sequences(values: list[bytes], lengths: np.ndarray, blob: np.ndarray) -> list[bytes | None]:
-    """Each value's sequence (after the head and the marker byte), None where it has none."""
-    size = _LOCATION.size
-    has = lengths > size
-    widths = lengths[has] - size - 1
-    if len(widths) and int(widths.min()) == int(widths.max()) > 0:
-        # One width (an integer or timestamp sequence column): cut every sequence out of
-        # the joined buffer at once instead of slicing each value in Python.
-        width = int(widths[0])
-        starts = (np.cumsum(lengths) - lengths)[has] + size + 1
-        cut = np.ascontiguousarray(blob[(starts[:, None] + np.arange(width)).ravel()]).view(f"V{width}")
-        sequence = np.full(len(values), None, dtype=object)
-        sequence[has] = cut.tolist()
-        return cast(list[bytes | None], sequence.tolist())
-    return [v[size + 1 :] if len(v) > size else None for v in values]  # skip the marker byte
 
 
 def _last_per_key(keys: list[bytes], values: list[bytes | None]) -> tuple[list[bytes], list[bytes | None]]:
@@ -268,143 +97,44 @@ def _last_per_key(keys: list[bytes], values: list[bytes | None]) -> tuple[list[b
     return take_items(keys, picked), take_items(values, picked)
 
 
-def _value_lengths(values: Sequence[bytes | None]) -> np.ndarray:
-    # map/compress keep the per-value work in C: this runs for every changed key.
-    present = np.fromiter(map(operator.is_not, values, repeat(None)), dtype=bool, count=len(values))
-    lengths = np.full(len(values), _ABSENT, dtype=np.int64)
-    kept = cast(Iterator[bytes], compress(values, present))  # the Nones are filtered out
-    lengths[present] = np.fromiter(map(len, kept), dtype=np.int64, count=int(present.sum()))
-    return lengths
-
-
-def _pack_undo_chunk(keys: Sequence[bytes], prevs: Sequence[bytes | None], news: Sequence[bytes | None]) -> bytes:
-    """Columnar undo chunk: u32 count, three u16 length arrays, then the three byte runs.
-
-    Columnar packing lets numpy and bytes.join do the work instead of one struct call per
-    record; 0xFFFF as a length means absent (None).
-    """
-    key_lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
-    lengths = np.stack([key_lengths, _value_lengths(prevs), _value_lengths(news)]).astype("<u2")
-    return b"".join(
-        [
-            _U32.pack(len(keys)),
-            lengths.tobytes(),
-            b"".join(keys),
-            b"".join(filter(None, prevs)),  # absent values (and empty ones) add no bytes
-            b"".join(filter(None, news)),
-        ]
-    )
-
-
-def _unpack_undo_chunk(chunk: bytes) -> list[tuple[bytes, bytes | None, bytes | None]]:
-    (count,) = _U32.unpack_from(chunk)
-    lengths = np.frombuffer(chunk, dtype="<u2", count=3 * count, offset=_U32.size).astype(np.int64)
-    present = lengths != _ABSENT
-    sizes = np.where(present, lengths, 0)
-    ends = _U32.size + 6 * count + np.cumsum(sizes)
-    starts = ends - sizes
-    bounds = list(zip(starts.tolist(), ends.tolist(), present.tolist()))
-    keys = [chunk[start:end] for start, end, _ in bounds[:count]]  # keys are never absent
-    values = [chunk[start:end] if here else None for start, end, here in bounds[count:]]
-    return list(zip(keys, values[:count], values[count:]))
-
-
-def _pack_token_record(token: bytes, first_seq: int, chunk_seqs: Sequence[int]) -> bytes:
-    # The token text lives in the value so it survives key hashing of very long tokens.
-    return b"".join(
-        [_U16.pack(len(token)), token, _U64.pack(first_seq), *(_U64.pack(s) for s in chunk_seqs)]
-    )
-
-
-def _unpack_token_record(raw: bytes) -> tuple[str, int, list[int]]:
-    (tlen,) = _U16.unpack_from(raw)
-    token = raw[2 : 2 + tlen].decode()
-    pos = 2 + tlen
-    count = (len(raw) - pos) // _U64.size
-    numbers = list(struct.unpack_from(f"<{count}Q", raw, pos))
-    return token, numbers[0], numbers[1:]
-
-
 # ----------------------------------------------------------------------------- the index
 
 
 class KeyIndex:
-    """Primary-key index in one LMDB environment. Use `open_index` to get the cached one."""
+    """One environment of the key index. Use `open_index` to get the cached one."""
 
     def __init__(self, path: str, map_size: int = 1 << 36):
         self.path = os.path.abspath(path)
         self._pid = os.getpid()
         self._lock = threading.RLock()  # set_mapsize needs no live txn in this process
-        self._env = lmdb.open(
-            self.path,
-            map_size=map_size,
-            subdir=True,
-            lock=True,
-            max_dbs=8,
-            max_readers=1024,  # many Spark worker processes and threads per host
-            readahead=False,  # random point lookups: OS readahead only pollutes the cache
-            # The index is a cache of the table: commits need not wait for the disk. A killed
-            # process loses nothing (the OS has the pages); an OS crash may leave the file
-            # damaged, which open_index detects and answers with a rebuild from the table.
-            sync=False,
-            metasync=False,
-        )
-        # Free reader slots left behind by worker processes that died mid-transaction.
-        self._env.reader_check()
-        self.inode = _data_inode(self.path)
+        self._env = lmdb_env.open_environment(self.path, map_size)
+        self.inode = data_inode(self.path)
         self._max_key = self._env.max_key_size()
         self._keys, self._files, self._undo, self._meta, self._moves = self._write(self._open_dbs)
+        self._undo_log = UndoLog(self._keys, self._undo, self._meta, self._max_key)
         self.closed = False
 
-    def _open_dbs(self, txn: _Txn) -> tuple[Any, Any, Any, Any, Any]:
+    def _open_dbs(self, txn: Txn) -> tuple[Any, Any, Any, Any, Any]:
         keys, files, undo, meta, moves = (
-            self._env.open_db(name, txn=cast(lmdb.Transaction, txn), create=True)  # the real one, see _Txn
+            self._env.open_db(name, txn=cast(lmdb.Transaction, txn), create=True)  # the real one, see Txn
             for name in (_DB_KEYS, _DB_FILES, _DB_UNDO, _DB_META, _DB_MOVES)
         )
         return keys, files, undo, meta, moves
 
-    # -- transactions with map growth ------------------------------------------------------
+    def _begin(self, write: bool, buffers: bool = False) -> Txn:
+        return lmdb_env.begin(self._env, write, buffers)
 
-    def _begin(self, write: bool, buffers: bool = False) -> _Txn:
-        """A transaction on the current map; a map another process grew is adopted first."""
-        while True:
-            try:
-                if buffers:
-                    return cast(_Txn, self._env.begin(write=write, buffers=True))
-                return cast(_Txn, self._env.begin(write=write))
-            except lmdb.MapResizedError:
-                self._env.set_mapsize(0)  # 0: take the size the other process set
+    def _write(self, body: Callable[[Txn], T]) -> T:
+        return lmdb_env.write(self._env, self._lock, body)
 
-    def _write(self, body: Callable[[_Txn], T]) -> T:
-        """Run `body` in one write txn, growing the map and retrying when it is full."""
-        with self._lock:
-            while True:
-                try:
-                    with self._begin(write=True) as txn:
-                        return body(txn)
-                except lmdb.MapFullError:
-                    # The txn was aborted, so `body` re-runs from scratch on a bigger map.
-                    self._env.set_mapsize(self._env.info()["map_size"] * 2)
-
-    def _read(self, body: Callable[[_Txn], T]) -> T:
-        with self._lock, self._begin(write=False) as txn:
-            return body(txn)
-
-    # -- key fitting -----------------------------------------------------------------------
+    def _read(self, body: Callable[[Txn], T]) -> T:
+        return lmdb_env.read(self._env, self._lock, body)
 
     def _fit(self, key: bytes) -> bytes:
-        if not key:
-            raise ValueError("index keys must not be empty")
-        if len(key) < self._max_key:
-            return key
-        digest = hashlib.blake2b(key, digest_size=32).digest()
-        return key[: self._max_key - len(digest)] + digest
+        return fit_key(key, self._max_key)
 
     def _fit_all(self, keys: Sequence[bytes]) -> list[bytes]:
-        # Fast path: the common case has no long key and needs no per-key Python call.
-        if keys and min(map(len, keys)) > 0 and max(map(len, keys)) < self._max_key:
-            return list(keys)
-        return [self._fit(k) for k in keys]
+        return fit_keys(keys, self._max_key)
 
     # -- file ordinals ---------------------------------------------------------------------
 
@@ -430,7 +160,7 @@ class KeyIndex:
     def has_ordinal(self, ordinal: int) -> bool:
         return self._read(lambda txn: txn.get(b"o" + _U32BE.pack(ordinal), db=self._files)) is not None
 
-    def _assign_ordinals(self, txn: _Txn, paths: list[str], path_keys: list[bytes]) -> list[int]:
+    def _assign_ordinals(self, txn: Txn, paths: list[str], path_keys: list[bytes]) -> list[int]:
         # Re-read inside the write txn: another process may have assigned them meanwhile.
         raw_next = txn.get(_META_NEXT_ORDINAL, db=self._meta)
         next_ordinal = _U32BE.unpack(raw_next)[0] if raw_next else 0
@@ -450,7 +180,7 @@ class KeyIndex:
         """Drop the ordinals of data files the table no longer has (no key points into them
         any more), so the file table does not grow with every file ever written."""
 
-        def drop(txn: _Txn) -> int:
+        def drop(txn: Txn) -> int:
             gone = 0
             for path in paths:
                 key = self._fit(b"p" + path.encode())
@@ -504,7 +234,7 @@ class KeyIndex:
     ) -> None:
         """Store `maps`, forget the maps and markers of `dropped` files, mark `map_only` files."""
 
-        def body(txn: _Txn) -> None:
+        def body(txn: Txn) -> None:
             for ordinal in dropped:
                 txn.delete(_U32BE.pack(ordinal), db=self._moves)
                 txn.delete(_MAP_ONLY + _U32BE.pack(ordinal), db=self._moves)
@@ -533,7 +263,7 @@ class KeyIndex:
         # (key, value) tuple with a copied key per hit that we would only throw away.
         order = sorted(range(len(fitted)), key=fitted.__getitem__)
 
-        def probe(txn: _Txn) -> list[bytes | None]:
+        def probe(txn: Txn) -> list[bytes | None]:
             get, db = txn.get, self._keys
             return [get(fitted[i], None, db) for i in order]
 
@@ -555,7 +285,7 @@ class KeyIndex:
         fitted, news = _last_per_key(self._fit_all(keys) + self._fit_all(deletes), [*values, *([None] * len(deletes))])
         token_raw = token.encode()
 
-        def body(txn: _Txn) -> None:
+        def body(txn: Txn) -> None:
             prevs = list(map(txn.get, fitted, repeat(None), repeat(self._keys)))
             self._write_changes(txn, token_raw, fitted, prevs, news)
 
@@ -613,7 +343,7 @@ class KeyIndex:
             self._write_changes(txn, token_raw, take_items(fitted, which), take_items(prevs, which), take_items(values, order))
 
     def _write_changes(
-        self, txn: _Txn, token: bytes, order: list[bytes], all_prevs: list[bytes | None], all_news: list[bytes | None]
+        self, txn: Txn, token: bytes, order: list[bytes], all_prevs: list[bytes | None], all_news: list[bytes | None]
     ) -> None:
         """Write `all_news` over `all_prevs` for the distinct keys `order`, with undo."""
         db = self._keys
@@ -624,7 +354,7 @@ class KeyIndex:
         prevs = list(compress(all_prevs, changed))
         news = list(compress(all_news, changed))
         # Undo first (same txn, so atomic either way; the order documents the intent).
-        self._record_undo(txn, token, keys, prevs, news)
+        self._undo_log.record(txn, token, keys, prevs, news)
         if None in news:
             txn.cursor(db=db).putmulti([(k, v) for k, v in zip(keys, news) if v is not None])
             for key, new in zip(keys, news):
@@ -633,62 +363,18 @@ class KeyIndex:
         else:
             txn.cursor(db=db).putmulti(zip(keys, news))  # type: ignore[arg-type]  # no None here
 
-    def _record_undo(
-        self,
-        txn: _Txn,
-        token: bytes,
-        keys: list[bytes],
-        prevs: list[bytes | None],
-        news: list[bytes | None],
-    ) -> None:
-        step = _UNDO_CHUNK_RECORDS
-        chunks = [
-            _pack_undo_chunk(keys[i : i + step], prevs[i : i + step], news[i : i + step])
-            for i in range(0, len(keys), step)
-        ]
-        raw_seq = txn.get(_META_NEXT_UNDO_SEQ, db=self._meta)
-        seq = _U64.unpack(raw_seq)[0] if raw_seq else 0
-        # Each apply consumes at least one sequence number so tokens order by first apply.
-        apply_seq = seq
-        chunk_seqs = list(range(seq, seq + len(chunks)))
-        for chunk_seq, chunk in zip(chunk_seqs, chunks):
-            txn.put(b"c" + _U64BE.pack(chunk_seq), chunk, db=self._undo)
-        txn.put(_META_NEXT_UNDO_SEQ, _U64.pack(seq + max(1, len(chunks))), db=self._meta)
-
-        token_key = self._fit(b"t" + token)
-        existing = txn.get(token_key, db=self._undo)
-        if existing is None:
-            record = _pack_token_record(token, apply_seq, chunk_seqs)
-        else:
-            # Appending keeps the earlier chunks, hence the pre-token values, for rollback.
-            record = existing + b"".join(_U64.pack(s) for s in chunk_seqs)
-        txn.put(token_key, record, db=self._undo)
-
     # -- undo ------------------------------------------------------------------------------
 
     def pending_tokens(self) -> list[str]:
         """Tokens applied but neither committed nor rolled back, oldest first."""
-
-        def scan(txn: _Txn) -> list[tuple[int, str]]:
-            cursor = txn.cursor(db=self._undo)
-            found = []
-            if cursor.set_range(b"t"):
-                for key, value in cursor:
-                    if not key.startswith(b"t"):
-                        break
-                    token, first_seq, _ = _unpack_token_record(value)
-                    found.append((first_seq, token))
-            return found
-
-        return [token for _, token in sorted(self._read(scan))]
+        return self._read(self._undo_log.pending)
 
     def commit_tokens(self, tokens: Iterable[str], state: IndexState | None = None) -> None:
         """Drop the undo of `tokens` (their batch reached the table), optionally setting state."""
         tokens = list(tokens)
 
-        def body(txn: _Txn) -> None:
-            for chunk_seq in self._take_token_chunks(txn, tokens):
-                txn.delete(b"c" + _U64BE.pack(chunk_seq), db=self._undo)
+        def body(txn: Txn) -> None:
+            self._undo_log.commit(txn, tokens)
             if state is not None:
                 self._put_state(txn, state)
 
@@ -697,84 +383,7 @@ class KeyIndex:
     def rollback_tokens(self, tokens: Iterable[str]) -> None:
         """Restore what `tokens` overwrote (newest change first) and drop their undo."""
         tokens = list(tokens)
-
-        def body(txn: _Txn) -> None:
-            superseded: dict[bytes, dict[bytes | None, bytes | None]] = {}
-            for chunk_seq in sorted(self._take_token_chunks(txn, tokens), reverse=True):
-                chunk_key = b"c" + _U64BE.pack(chunk_seq)
-                chunk = txn.get(chunk_key, db=self._undo)
-                if chunk is not None:
-                    self._replay_undo(txn, _unpack_undo_chunk(chunk), superseded)
-                    txn.delete(chunk_key, db=self._undo)
-            if superseded:
-                self._splice_undo(txn, superseded)
-
-        self._write(body)
-
-    def _splice_undo(self, txn: _Txn, superseded: dict[bytes, dict[bytes | None, bytes | None]]) -> None:
-        """Take rolled-back writes out of the undo chains of surviving tokens.
-
-        When a surviving token overwrote a key after a rolled-back one, its undo record says
-        "restore the rolled-back value". That value never existed as far as the table is
-        concerned, so the record must restore what the rolled-back write had replaced.
-        """
-        cursor = txn.cursor(db=self._undo)
-        if not cursor.set_range(b"c"):
-            return
-        rewrites = []
-        for chunk_key, chunk in cursor:
-            if not chunk_key.startswith(b"c"):
-                break
-            records = _unpack_undo_chunk(chunk)
-            changed = False
-            for i, (key, prev, new) in enumerate(records):
-                chain = superseded.get(key)
-                if chain is None or prev not in chain:
-                    continue
-                # Follow what each rolled-back write had replaced; values can repeat (a key
-                # written back to an earlier value), so stop at the first one seen twice.
-                seen: set[bytes | None] = set()
-                while prev in chain and prev not in seen:
-                    seen.add(prev)
-                    prev = chain[prev]
-                records[i] = (key, prev, new)
-                changed = True
-            if changed:
-                keys, prevs, news = (list(column) for column in zip(*records))
-                rewrites.append((chunk_key, _pack_undo_chunk(keys, prevs, news)))
-        for chunk_key, chunk in rewrites:
-            txn.put(chunk_key, chunk, db=self._undo)
-
-    def _take_token_chunks(self, txn: _Txn, tokens: list[str]) -> list[int]:
-        """Delete the token records of `tokens` and return their chunk sequence numbers."""
-        seqs: list[int] = []
-        for token in tokens:
-            token_key = self._fit(b"t" + token.encode())
-            raw = txn.get(token_key, db=self._undo)
-            if raw is None:
-                continue  # unknown or already resolved: both operations are idempotent
-            seqs.extend(_unpack_token_record(raw)[2])
-            txn.delete(token_key, db=self._undo)
-        return seqs
-
-    def _replay_undo(
-        self,
-        txn: _Txn,
-        records: list[tuple[bytes, bytes | None, bytes | None]],
-        superseded: dict[bytes, dict[bytes | None, bytes | None]],
-    ) -> None:
-        # Records of one chunk have distinct keys (one apply), so their order is free.
-        get, put, delete, db = txn.get, txn.put, txn.delete, self._keys
-        for key, prev, new in records:
-            if get(key, None, db) != new:
-                # A later write that is not being rolled back owns the key now; remember
-                # that `new` stood for `prev`, so that write's undo can skip over it.
-                superseded.setdefault(key, {})[new] = prev
-                continue
-            if prev is None:
-                delete(key, db=db)
-            else:
-                put(key, prev, db=db)
+        self._write(lambda txn: self._undo_log.roll_back(txn, tokens))
 
     # -- state -----------------------------------------------------------------------------
 
@@ -785,7 +394,7 @@ class KeyIndex:
     def set_state(self, state: IndexState) -> None:
         self._write(lambda txn: self._put_state(txn, state))
 
-    def _put_state(self, txn: _Txn, state: IndexState) -> None:
+    def _put_state(self, txn: Txn, state: IndexState) -> None:
         txn.put(_META_STATE, _STATE_ENCODER.encode(state), db=self._meta)
         txn.delete(_META_CATCH_UP, db=self._meta)  # the state now covers whatever it wrote
 
@@ -822,7 +431,7 @@ class KeyIndex:
     def clear(self) -> None:
         """Empty keys, files, undo, meta (counters included) and move maps in one txn, for a rebuild."""
 
-        def body(txn: _Txn) -> None:
+        def body(txn: Txn) -> None:
             for db in (self._keys, self._files, self._undo, self._meta, self._moves):
                 txn.drop(db, delete=False)
 
@@ -851,66 +460,6 @@ _CACHE: dict[str, KeyIndex] = {}
 _CACHE_LOCK = threading.RLock()  # reentrant: open_index may close a stale index
 
 
-def _data_inode(path: str) -> int | None:
-    try:
-        return os.stat(os.path.join(path, "data.mdb")).st_ino
-    except FileNotFoundError:
-        return None
-
-
-# LMDB's meta pages (pages 0 and 1): a 16-byte page header, then magic, version, address,
-# map size, two 48-byte database records, the last used page number and the transaction id.
-_META_MAGIC = 0xBEEFC0DE
-_META = struct.Struct("<IIQQ96xQQ")
-_PAGE_HEADER = 16
-
-
-def damage(path: str) -> str | None:
-    """Why the index at `path` cannot be opened safely, or None. LMDB maps its file into
-    memory: a file shorter than the pages its meta page says are used makes the process die
-    of SIGBUS on first touch, so truncation is detected before opening."""
-    if os.path.lexists(path) and not os.path.isdir(path):
-        return "not a directory"
-    data = os.path.join(path, "data.mdb")
-    try:
-        size = os.path.getsize(data)
-        with open(data, "rb") as f:
-            head = f.read(2 * _PAGE)
-    except FileNotFoundError:
-        return None  # no index yet
-    if size == 0:
-        return None
-    metas = []
-    for page in (0, 1):
-        raw = head[page * _PAGE + _PAGE_HEADER : page * _PAGE + _PAGE_HEADER + _META.size]
-        if len(raw) == _META.size:
-            magic, _version, _address, _map_size, last_page, txn_id = _META.unpack(raw)
-            if magic == _META_MAGIC:
-                metas.append((txn_id, last_page))
-    if not metas:
-        return "no valid meta page"
-    _txn, last_page = max(metas)
-    if size < (last_page + 1) * _PAGE:
-        return f"truncated ({size} bytes, its meta page uses {(last_page + 1) * _PAGE})"
-    return None
-
-
-_PAGE = 4096  # LMDB's page size is the OS page size: 4 KiB on the platforms lakesink runs on
-
-
-def remove_environment(path: str) -> None:
-    """Delete the LMDB files at `path` (or a file standing where the directory should be),
-    keeping anything else in the directory (the host's writer lock)."""
-    if os.path.lexists(path) and not os.path.isdir(path):
-        os.remove(path)
-        return
-    for name in ("data.mdb", "lock.mdb"):
-        try:
-            os.remove(os.path.join(path, name))
-        except FileNotFoundError:
-            pass
-
-
 def reopen_empty(path: str, map_size: int = 1 << 36) -> KeyIndex:
     """Close this process's handle of the index at `path`, delete its files and open a new,
     empty one (the next sync rebuilds it from the table)."""
@@ -934,7 +483,7 @@ def open_index(path: str, map_size: int = 1 << 36) -> KeyIndex:
     key = os.path.abspath(path)
     with _CACHE_LOCK:
         index = _CACHE.get(key)
-        if index is not None and not index.closed and index.inode != _data_inode(key):
+        if index is not None and not index.closed and index.inode != data_inode(key):
             # The directory was deleted (or replaced) under this process: its handle points
             # at unlinked files other processes no longer see. Reopen what is there now.
             index.close()

@@ -28,7 +28,8 @@ from lakesink_datasource.iceberg.summary_keys import TOMBSTONES
 from lakesink_datasource.index.file_refs import FileRef, encode_ref
 from lakesink_datasource.index.key_columns import SEQUENCE, TOMBSTONE, KeyColumns
 from lakesink_datasource.index.key_encoding import encode_keys
-from lakesink_datasource.index.key_index import IndexState, Location, pack_positions
+from lakesink_datasource.index.key_index import IndexState
+from lakesink_datasource.index.location_codec import Location, pack_positions
 from lakesink_datasource.index.sharded_index import ShardedIndex
 
 log = logging.getLogger("lakesink")

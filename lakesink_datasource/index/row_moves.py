@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from lakesink_datasource.arrays import unique_sorted
-from lakesink_datasource.index.key_index import Found
+from lakesink_datasource.index.location_codec import Found
 
 NO_ROW = -1  # the compaction dropped the row (it was deleted)
 _POSITION_BITS = 32

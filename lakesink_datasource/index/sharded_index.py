@@ -41,19 +41,11 @@ import numpy as np
 
 from lakesink_datasource.arrays import take_items, unique_sorted
 from lakesink_datasource.faults import fault_point
+from lakesink_datasource.index.damage import damage, remove_environment
 from lakesink_datasource.index.host_lock import host_lock, host_locks
 from lakesink_datasource.index.key_encoding import key_hashes
-from lakesink_datasource.index.key_index import (
-    Found,
-    IndexState,
-    KeyIndex,
-    Location,
-    damage,
-    drop_index,
-    open_index,
-    remove_environment,
-    reopen_empty,
-)
+from lakesink_datasource.index.key_index import IndexState, KeyIndex, drop_index, open_index, reopen_empty
+from lakesink_datasource.index.location_codec import Found, Location
 from lakesink_datasource.index.row_moves import NO_ROW, MoveMaps, compose, moved_rows, place_ordinals, translate
 
 __all__ = ["SHARDS", "IndexSnapshot", "ShardedIndex", "drop_sharded", "lock_paths", "make_index_dir", "open_sharded", "reopen_empty_sharded"]

@@ -39,7 +39,7 @@ from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.host_lock import host_locks
 from lakesink_datasource.index.key_columns import SEQUENCE, TOMBSTONE, KeyColumns
 from lakesink_datasource.index.key_encoding import key_hashes
-from lakesink_datasource.index.key_index import Found, pack_locations, pack_positions
+from lakesink_datasource.index.location_codec import Found, pack_locations, pack_positions
 from lakesink_datasource.index.owner import default_index_dir, index_owner, token_for
 from lakesink_datasource.index.published import fetch as fetch_published
 from lakesink_datasource.index.published import maybe_publish

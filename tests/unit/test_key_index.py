@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,14 +15,11 @@ from hypothesis import strategies as st
 from hypothesis_profiles import examples
 from index_model import KEYS, TOKENS, check_against_model, operation, run_workers
 
-from lakesink_datasource.index.key_index import (
+from lakesink_datasource.index.key_index import IndexState, KeyIndex, drop_index, open_index
+from lakesink_datasource.index.location_codec import (
     Found,
-    IndexState,
-    KeyIndex,
     Location,
     decode_locations,
-    drop_index,
-    open_index,
     pack_location,
     pack_positions,
     unpack_location,
@@ -380,3 +380,129 @@ def test_pack_positions_matches_packing_one_location_at_a_time(ordinal: int, row
     expected = [pack_location(Location(ordinal, p, s)) for p, s in rows]
     assert pack_positions(ordinal, positions, sequences) == expected
     assert pack_positions(ordinal, positions) == [pack_location(Location(ordinal, p)) for p, _ in rows]
+
+
+# ------------------------------------------------------------------ on-disk compatibility
+
+# The last commit before key_index.py was split into location_codec, lmdb_env, undo_log and
+# damage: hosts keep indexes this code wrote, which must open as they are (no rebuild).
+_BEFORE_SPLIT = "965ce97cb7819e2d38b85a73396f71faf807c4ab"
+_REPO = Path(__file__).resolve().parents[2]
+
+# Runs in a child process against either version; prints the module it used and every
+# sub-database's entries. Imports what both versions have under these names.
+_WRITE_SAMPLE = """
+import json, sys
+import lmdb
+import numpy as np
+import lakesink_datasource.index.key_index as ki
+try:
+    from lakesink_datasource.index import location_codec as codec
+except ImportError:  # before the split the codec lived in key_index
+    codec = ki
+path = sys.argv[1]
+ix = ki.open_index(path)
+ix.file_ordinals(["s3://b/t/data/a.parquet", "s3://b/t/data/b.parquet"])
+ix.apply("q/0/0", [(b"k1", codec.Location(0, 1)), (b"k2", codec.Location(1, 2, b"\\x00\\x01"))], [])
+ix.apply("q/0/1", [(b"k1", codec.Location(1, 7, b""))], [b"k2"])
+ix.apply_packed("q/1/0", [b"k3", b"x" * 600], codec.pack_positions(1, np.array([3, 4], dtype=np.uint64), [b"s1", None]))
+ix.commit_tokens(["q/0/0"], ki.IndexState("uuid", snapshot_id=5, sequence_number=2))
+def decide(found, ordinal_of):
+    return np.array([1, 0]), [codec.pack_location(codec.Location(ordinal_of("s3://b/t/data/c.parquet"), 9)), None]
+ix.transact("w" * 600, [b"k1", b"k4"], decide)
+ix.put_move_maps({0: np.array([(1 << 32) | 3, -1], dtype=np.int64)}, map_only=[1])
+ix.set_last_published(2)
+ix.begin_catch_up("snap-9")
+ix.close()
+env = lmdb.open(path, max_dbs=8, readonly=True, lock=False)
+dump = {}
+with env.begin() as txn:
+    for name, _ in txn.cursor():
+        db = env.open_db(name, txn=txn, create=False)
+        dump[name.hex()] = [[k.hex(), v.hex()] for k, v in txn.cursor(db=db)]
+print(json.dumps({"module": ki.__file__, "dump": dump}))
+"""
+
+
+def _write_sample(pythonpath: Path, path: Path) -> tuple[str, dict[str, list[list[str]]]]:
+    child = subprocess.run(
+        [sys.executable, "-c", _WRITE_SAMPLE, str(path)],
+        env={**os.environ, "PYTHONPATH": str(pythonpath)},
+        cwd=path.parent,  # not the checkout: `-c` puts the working directory first on sys.path
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == 0, child.stderr
+    out = json.loads(child.stdout)
+    return out["module"], out["dump"]
+
+
+def test_an_index_written_before_the_split_opens_without_a_rebuild(tmp_path: Path) -> None:
+    old = tmp_path / "old" / "lakesink_datasource"
+    for name in ("arrays.py", "index/key_index.py"):  # all the old key_index imported
+        shown = subprocess.run(
+            ["git", "-C", str(_REPO), "show", f"{_BEFORE_SPLIT}:lakesink_datasource/{name}"], capture_output=True
+        )
+        if shown.returncode != 0:
+            pytest.skip(f"commit {_BEFORE_SPLIT} is not in this checkout's history")
+        (old / name).parent.mkdir(parents=True, exist_ok=True)
+        (old / name).write_bytes(shown.stdout)
+    # Empty package files: the real lakesink_datasource/__init__.py imports far more.
+    (old / "__init__.py").write_text("")
+    (old / "index" / "__init__.py").write_text("")
+
+    old_module, before = _write_sample(old.parent, tmp_path / "before")
+    new_module, after = _write_sample(_REPO, tmp_path / "after")
+    assert Path(old_module).is_relative_to(old) and Path(new_module).is_relative_to(_REPO / "lakesink_datasource")
+    assert after == before  # byte for byte: the same sub-databases, keys and values
+
+    path = str(tmp_path / "before")
+    inode = os.stat(os.path.join(path, "data.mdb")).st_ino
+    ix = open_index(path)
+    try:
+        assert ix.inode == inode  # opened as it is, not removed and started empty
+        assert ix.get_state() == IndexState("uuid", snapshot_id=5, sequence_number=2)
+        assert ix.catch_up_under_way() == "snap-9"
+        assert ix.last_published() == 2
+        assert [ix.file_path(o) for o in range(3)] == [f"s3://b/t/data/{n}.parquet" for n in "abc"]
+        with ix.move_maps() as maps:
+            assert {o: m.tolist() for o, m in maps.items()} == {0: [(1 << 32) | 3, -1]}
+        assert ix.map_only_ordinals([0, 1]) == {1}
+        probe = [b"k1", b"k2", b"k3", b"x" * 600, b"k4"]
+        assert ix.lookup(probe) == [None, None, Location(1, 3, b"s1"), Location(1, 4), Location(2, 9)]
+        # The old undo records (a hashed token key among them) roll back under the new code.
+        assert ix.pending_tokens() == ["q/0/1", "q/1/0", "w" * 600]
+        ix.rollback_tokens(ix.pending_tokens())
+        assert ix.pending_tokens() == []
+        assert ix.lookup(probe) == [Location(0, 1), Location(1, 2, b"\x00\x01"), None, None, None]
+    finally:
+        drop_index(path)
+
+
+def test_the_on_disk_encoding_is_the_one_before_the_split(index: KeyIndex) -> None:
+    """The bytes below were printed by the code of commit 965ce97 (before key_index.py was
+    split) for the same calls; this holds where that commit's history is not at hand."""
+    assert pack_location(Location(3, 2**40 + 5, b"\x80\x00")) == b"\x03\x00\x00\x00\x05\x00\x00\x00\x00\x01\x00\x00\x01\x80\x00"
+    index.apply("q/0/0", [(b"k1", Location(0, 1)), (b"k2", Location(1, 2, b"\x00\x01"))], [b"k0"])
+    index.apply("q/0/0", [(b"k1", Location(1, 7, b""))], [b"k2"])
+    with index._env.begin() as txn:
+        assert [name for name, _ in txn.cursor()] == [b"files", b"keys", b"meta", b"moves", b"undo"]
+        assert list(txn.cursor(db=index._keys)) == [(b"k1", b"\x01\x00\x00\x00\x07\x00\x00\x00\x00\x00\x00\x00\x01")]
+        assert list(txn.cursor(db=index._undo)) == [
+            (
+                b"c\x00\x00\x00\x00\x00\x00\x00\x00",
+                b"\x02\x00\x00\x00\x02\x00\x02\x00\xff\xff\xff\xff\x0c\x00\x0f\x00k1k2"
+                b"\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00"
+                b"\x01\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00\x01\x00\x01",
+            ),
+            (
+                b"c\x00\x00\x00\x00\x00\x00\x00\x01",
+                b"\x02\x00\x00\x00\x02\x00\x02\x00\x0c\x00\x0f\x00\r\x00\xff\xffk1k2"
+                b"\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00"
+                b"\x01\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00\x01\x00\x01"
+                b"\x01\x00\x00\x00\x07\x00\x00\x00\x00\x00\x00\x00\x01",
+            ),
+            (b"tq/0/0", b"\x05\x00q/0/0" + b"\x00" * 16 + b"\x01\x00\x00\x00\x00\x00\x00\x00"),
+        ]
+        assert list(txn.cursor(db=index._meta)) == [(b"next_undo_seq", b"\x02\x00\x00\x00\x00\x00\x00\x00")]

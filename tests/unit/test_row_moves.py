@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis_profiles import examples
 
-from lakesink_datasource.index.key_index import Found
+from lakesink_datasource.index.location_codec import Found
 from lakesink_datasource.index.row_moves import NO_ROW, compose, maps_from_row_ids, translate
 
 Files = dict[int, list[int]]  # ordinal -> row id per position

@@ -17,7 +17,8 @@ from hypothesis_profiles import examples
 from index_model import check_against_model, operation, run_workers
 
 from lakesink_datasource.index.key_encoding import encode_keys, key_hashes
-from lakesink_datasource.index.key_index import Found, IndexState, Location, pack_positions
+from lakesink_datasource.index.key_index import IndexState
+from lakesink_datasource.index.location_codec import Found, Location, pack_positions
 from lakesink_datasource.index.sharded_index import SHARDS, drop_sharded, open_sharded
 
 
