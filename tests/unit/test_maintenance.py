@@ -497,6 +497,7 @@ def test_maintain_names_a_missing_table_and_a_bad_action(warehouse: str, capsys:
 # --- a long stream ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_long_upsert_stream_keeps_its_table_bounded(warehouse: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """300 micro-batches of upserts over 400 repeating keys, maintenance as a stream runs it,
     retention shortened to zero: metadata, manifests, data files and the key index (its

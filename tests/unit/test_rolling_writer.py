@@ -187,6 +187,7 @@ def _write_many_partitions(tmp_path: Path, **kwargs: Any) -> tuple[PartitionedPa
     return writer, batches, largest, max_open
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_open_files", [None, 40])
 def test_buffer_limit_bounds_memory_across_300_partitions(tmp_path: Path, max_open_files: int | None) -> None:
     limit = 1 * MiB
