@@ -208,9 +208,11 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
     table = values.get("table", "").strip()
     if not table:
         raise OptionError(
-            "option 'table' is required: the Iceberg table as 'namespace.table'. (For SQL: Spark does not "
-            "forward CREATE TABLE ... OPTIONS to INSERT for Python data sources; write "
-            "INSERT INTO t WITH ('table' = 'ns.t', 'warehouse' = '...') SELECT ...)"
+            "option 'table' is required: the Iceberg table as 'namespace.table', e.g. "
+            "df.write.format('lakesink').mode('append').save('ns.t') or writeStream.format('lakesink').start('ns.t'). "
+            "saveAsTable, toTable and writeTo go through Spark's catalog, which passes a Python data source no "
+            "options: use save()/start() instead. For SQL, Spark does not forward CREATE TABLE ... OPTIONS to "
+            "INSERT for Python data sources; write INSERT INTO t WITH ('table' = 'ns.t', 'warehouse' = '...') SELECT ..."
         )
     if "." not in table or any(not part.strip() for part in table.split(".")):
         raise OptionError(f"option 'table' must be 'namespace.table' with no empty part, got {table!r}")

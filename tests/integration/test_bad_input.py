@@ -49,6 +49,14 @@ def test_missing_table_option_is_named(spark, warehouse: str) -> None:
     assert not os.path.exists(os.path.join(warehouse, "db"))
 
 
+def test_save_as_table_says_to_use_save(spark, warehouse: str) -> None:  # type: ignore[no-untyped-def]
+    df = spark.createDataFrame([(1,)], "id long")
+    with pytest.raises(Exception, match=r"saveAsTable, toTable and writeTo go through Spark's catalog.*use save\(\)/start\(\) instead"):
+        df.write.format("lakesink").option("warehouse", warehouse).mode("append").saveAsTable("lakesink_events")
+    assert not os.path.exists(os.path.join(warehouse, "db"))
+    spark.sql("DROP TABLE IF EXISTS lakesink_events")  # Spark's session catalog may keep the name
+
+
 @pytest.mark.parametrize("operation", ["upsert", "dedupe"])
 def test_a_keyed_write_without_primary_key_does_not_create_the_table(spark, warehouse: str, operation: str) -> None:
     """It used to create db.new with no snapshot and no identifier fields, then fail."""
