@@ -35,29 +35,7 @@ class BareParquetWriter(DataSourceArrowWriter):
         self.path = path
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        os.makedirs(self.path, exist_ok=True)
-        writer: pq.ParquetWriter | None = None
-        pending: list[pa.RecordBatch] = []
-        rows = 0
-        location = os.path.join(self.path, f"{uuid.uuid4().hex}.parquet")
-
-        def flush() -> None:
-            nonlocal writer, pending, rows
-            table = pa.Table.from_batches(pending)
-            if writer is None:
-                writer = pq.ParquetWriter(location, table.schema, compression="zstd")
-            writer.write_table(table, row_group_size=table.num_rows)
-            pending, rows = [], 0
-
-        for batch in iterator:
-            pending.append(batch)
-            rows += batch.num_rows
-            if rows >= ROW_GROUP_ROWS:
-                flush()
-        if pending:
-            flush()
-        if writer is not None:
-            writer.close()
+        write_parquet(self.path, iterator)
         return WriterCommitMessage()
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -65,3 +43,31 @@ class BareParquetWriter(DataSourceArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         pass
+
+
+def write_parquet(folder: str, batches: Iterator[pa.RecordBatch]) -> None:
+    """One task's batches into one zstd Parquet file under `folder`, in row groups of about
+    ROW_GROUP_ROWS rows (shared with the streaming pyarrow sink, benchmarks/stream_sinks.py)."""
+    os.makedirs(folder, exist_ok=True)
+    writer: pq.ParquetWriter | None = None
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    location = os.path.join(folder, f"{uuid.uuid4().hex}.parquet")
+
+    def flush() -> None:
+        nonlocal writer, pending, rows
+        table = pa.Table.from_batches(pending)
+        if writer is None:
+            writer = pq.ParquetWriter(location, table.schema, compression="zstd")
+        writer.write_table(table, row_group_size=table.num_rows)
+        pending, rows = [], 0
+
+    for batch in batches:
+        pending.append(batch)
+        rows += batch.num_rows
+        if rows >= ROW_GROUP_ROWS:
+            flush()
+    if pending:
+        flush()
+    if writer is not None:
+        writer.close()

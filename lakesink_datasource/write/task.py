@@ -193,7 +193,7 @@ def write_task(
     data_io = metadata_cache.file_io({**plan.io_properties, BUFFER_SIZE: str(STREAM_BUFFER_BYTES)}, plan.metadata_location)
     # The write's own property.<key> options apply to what it writes: they land with it.
     properties = effective_properties(metadata.properties, plan.options.table_properties)
-    settings = TableSettings.for_write(metadata.properties, plan.options.table_properties, metadata.location)
+    settings = TableSettings.of(properties, metadata.location)
     data_dir = settings.data_path
     writer = PartitionedParquetWriter.for_table(
         settings,
