@@ -35,7 +35,7 @@ from lakesink_datasource.messages import decode_messages
 from lakesink_datasource.options import OptionError, WriteOptions, parse_options
 from lakesink_datasource.progress import BatchTiming, report_batch
 from lakesink_datasource.read import metadata_tables
-from lakesink_datasource.read.batch import LakeSinkFilteringReader, LakeSinkReader, filter_pushdown_enabled
+from lakesink_datasource.read.batch import LakeSinkFilteringReader, LakeSinkRangeReader, LakeSinkReader, filter_pushdown_enabled
 from lakesink_datasource.read.changes import CHANGE_ORDINAL, CHANGE_TYPE, COMMIT_SNAPSHOT_ID, COMMIT_TIMESTAMP
 from lakesink_datasource.read.options import parse_read_options
 from lakesink_datasource.read.stream import LakeSinkStreamReader
@@ -83,11 +83,12 @@ class LakeSinkDataSource(DataSource):
         meta = metadata_tables.resolve(options)
         if meta is not None:
             return metadata_tables.MetadataTableReader(meta, schema)
-        if options.stream_options:
+        if options.max_files_per_trigger is not None:
             raise OptionError(
-                f"option(s) {', '.join(repr(o) for o in options.stream_options)} apply to spark.readStream; a batch read "
-                "reads one state of the table (snapshot_id, as_of_timestamp or branch choose which)"
+                "option 'max_files_per_trigger' applies to spark.readStream; a batch read reads its whole range at once"
             )
+        if options.is_range:
+            return LakeSinkRangeReader(options, schema)
         reader_class = LakeSinkFilteringReader if filter_pushdown_enabled() else LakeSinkReader
         return reader_class(options, schema)
 

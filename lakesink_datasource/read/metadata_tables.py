@@ -57,10 +57,10 @@ def resolve(options: ReadOptions) -> pa.Table | None:
     base, name = parts
     given = [o for o, v in (("snapshot_id", options.snapshot_id), ("as_of_timestamp", options.as_of_timestamp_ms),
                             ("branch", options.branch)) if v is not None]
-    if given or options.stream_options:
+    if given or options.range_options:
         raise OptionError(
             f"metadata table {options.table} shows the table's current metadata (every retained snapshot, ref and "
-            f"file): drop option(s) {', '.join(map(repr, given + list(options.stream_options)))}"
+            f"file): drop option(s) {', '.join(map(repr, given + list(options.range_options)))}"
         )
     return metadata_table(load_table(msgspec.structs.replace(options, table=base)), name)
 

@@ -15,11 +15,13 @@ import msgspec
 
 from lakesink_datasource.options import DEFAULT_WAREHOUSE, OptionError, TableTarget, bool_option, did_you_mean, int_option
 
-_STREAM_ONLY = {
-    "starting_snapshot_id", "starting_timestamp", "max_files_per_trigger", "read_changes", "skip_delete_snapshots",
-    "skip_overwrite_snapshots",
-}
-_READ = {"table", "warehouse", "catalog", "snapshot_id", "as_of_timestamp", "branch", "split_size_bytes", *_STREAM_ONLY}
+# A range of snapshots: a stream starts there; a batch read reads what a stream would have
+# emitted over the range (its appended rows, or with read_changes its changes).
+_RANGE = {"starting_snapshot_id", "starting_timestamp", "read_changes", "skip_delete_snapshots", "skip_overwrite_snapshots"}
+_STREAM_ONLY = {"max_files_per_trigger"}
+_BATCH_ONLY = {"ending_snapshot_id", "ending_timestamp"}  # a stream ends where the table's head is
+_READ = {"table", "warehouse", "catalog", "snapshot_id", "as_of_timestamp", "branch", "split_size_bytes", *_RANGE,
+         *_STREAM_ONLY, *_BATCH_ONLY}
 _ALIASES = {"path": "table", "snapshot-id": "snapshot_id", "as-of-timestamp": "as_of_timestamp",
             "split-size": "split_size_bytes", "snapshotid": "snapshot_id", "asoftimestamp": "as_of_timestamp",
             "maxfilespertrigger": "max_files_per_trigger", "streaming-max-files-per-micro-batch": "max_files_per_trigger",
@@ -27,15 +29,19 @@ _ALIASES = {"path": "table", "snapshot-id": "snapshot_id", "as-of-timestamp": "a
             # Iceberg's Spark runtime
             "streaming-skip-delete-snapshots": "skip_delete_snapshots",
             "streaming-skip-overwrite-snapshots": "skip_overwrite_snapshots",
+            "end-snapshot-id": "ending_snapshot_id",  # inclusive in Iceberg too
             # Delta's
             "timestampasof": "as_of_timestamp", "readchangefeed": "read_changes", "readchangedata": "read_changes",
-            "startingtimestamp": "starting_timestamp"}
+            "startingtimestamp": "starting_timestamp", "endingtimestamp": "ending_timestamp"}
 # Options of other engines that have no lakesink equivalent: refused with what to use instead.
 _NOT_HERE = {
     "versionasof": "an Iceberg table has snapshot ids, not versions: use 'snapshot_id' (db.t.snapshots lists them) "
                    "or 'as_of_timestamp'",
     "startingversion": "an Iceberg table has snapshot ids, not versions: use 'starting_snapshot_id' or 'starting_timestamp'",
-    "endingversion": "a batch read of changes is not supported yet: read the change feed with readStream and read_changes=true",
+    "endingversion": "an Iceberg table has snapshot ids, not versions: use 'ending_snapshot_id' or 'ending_timestamp'",
+    # Same name, other meaning: Iceberg's start is exclusive, lakesink's includes the snapshot.
+    "start-snapshot-id": "Iceberg's start-snapshot-id leaves the snapshot out; lakesink's 'starting_snapshot_id' "
+                         "reads from the snapshot it names on: give the snapshot after it as starting_snapshot_id",
     "streaming-max-rows-per-micro-batch": "lakesink limits a micro-batch by files: use 'max_files_per_trigger'",
     "maxbytespertrigger": "lakesink limits a micro-batch by files: use 'max_files_per_trigger'",
 }
@@ -57,6 +63,9 @@ class ReadOptions(TableTarget, frozen=True, kw_only=True):
     starting_timestamp_ms: int | None = None
     max_files_per_trigger: int | None = None
     read_changes: bool = False
+    # batch reads of a range only: the last snapshot read (inclusive)
+    ending_snapshot_id: int | None = None
+    ending_timestamp_ms: int | None = None
     # A plain stream skips snapshots that delete (or overwrite) rows instead of failing on
     # them (Iceberg's streaming-skip-delete-snapshots / -overwrite-snapshots): it then misses
     # what they did, which the user asked for.
@@ -64,17 +73,24 @@ class ReadOptions(TableTarget, frozen=True, kw_only=True):
     skip_overwrite_snapshots: bool = False
 
     @property
-    def stream_options(self) -> list[str]:
-        """The streaming-only options given (a batch read refuses them)."""
+    def range_options(self) -> list[str]:
+        """The options given that make a read one of a range of snapshots (or a stream's start)."""
         given = {
             "starting_snapshot_id": self.starting_snapshot_id is not None,
             "starting_timestamp": self.starting_timestamp_ms is not None,
+            "ending_snapshot_id": self.ending_snapshot_id is not None,
+            "ending_timestamp": self.ending_timestamp_ms is not None,
             "max_files_per_trigger": self.max_files_per_trigger is not None,
             "read_changes": self.read_changes,
             "skip_delete_snapshots": self.skip_delete_snapshots,
             "skip_overwrite_snapshots": self.skip_overwrite_snapshots,
         }
         return [name for name, present in given.items() if present]
+
+    @property
+    def is_range(self) -> bool:
+        """A batch read of what snapshots did (not of one state of the table)."""
+        return bool(set(self.range_options) - _STREAM_ONLY)
 
 
 def parse_timestamp_ms(name: str, raw: str) -> int:
@@ -133,7 +149,7 @@ def parse_read_options(raw: Mapping[str, str]) -> ReadOptions:
         "catalog_properties": catalog_properties,
         "branch": values.get("branch", "").strip() or None,
     }
-    for name in ("snapshot_id", "starting_snapshot_id"):
+    for name in ("snapshot_id", "starting_snapshot_id", "ending_snapshot_id"):
         if name in values:
             kwargs[name] = _snapshot_id(name, values[name])
     if "as_of_timestamp" in values:
@@ -146,12 +162,21 @@ def parse_read_options(raw: Mapping[str, str]) -> ReadOptions:
             kwargs[name] = int_option(name, values[name])
     if "starting_timestamp" in values:
         kwargs["starting_timestamp_ms"] = parse_timestamp_ms("starting_timestamp", values["starting_timestamp"])
-    if "starting_snapshot_id" in values and "starting_timestamp" in values:
-        raise OptionError("options 'starting_snapshot_id' and 'starting_timestamp' exclude each other: give one")
+    if "ending_timestamp" in values:
+        kwargs["ending_timestamp_ms"] = parse_timestamp_ms("ending_timestamp", values["ending_timestamp"])
+    for end in ("starting", "ending"):
+        if f"{end}_snapshot_id" in values and f"{end}_timestamp" in values:
+            raise OptionError(f"options '{end}_snapshot_id' and '{end}_timestamp' exclude each other: give one")
     for name in ("read_changes", "skip_delete_snapshots", "skip_overwrite_snapshots"):
         if name in values:
             kwargs[name] = bool_option(name, values[name])
-    return msgspec.convert(kwargs, ReadOptions)
+    options = msgspec.convert(kwargs, ReadOptions)
+    if options.is_range and (chosen := [n for n in ("snapshot_id", "as_of_timestamp") if n in values]):
+        raise OptionError(
+            f"option '{chosen[0]}' reads one state of the table, while {', '.join(map(repr, options.range_options))} "
+            "read what snapshots did: bound the range with 'ending_snapshot_id' or 'ending_timestamp' instead"
+        )
+    return options
 
 
 def read_subset(raw: Mapping[str, str]) -> dict[str, str]:

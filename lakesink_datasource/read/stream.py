@@ -16,26 +16,24 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxFiles, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from lakesink_datasource.read.changes import NOTHING, StreamReadError, Unit, read_units, snapshots_between, units_for
+from lakesink_datasource.options import OptionError
+from lakesink_datasource.read.changes import snapshots_between
 from lakesink_datasource.read.options import ReadOptions
-from lakesink_datasource.read.scan import conform, group_units, load_table
-from lakesink_datasource.worker_gc import settle_imports
+from lakesink_datasource.read.scan import load_table
+from lakesink_datasource.read.snapshot_range import RangeStart, range_start, read_unit_group, unit_groups, units_between
 
 Offset = dict[str, Any]
-
-
-class UnitGroup(InputPartition):
-    """Units read by one Spark task, with the metadata file they were planned against."""
-
-    def __init__(self, metadata_location: str, units: list[Unit]):
-        super().__init__(units)
-        self.metadata_location = metadata_location
 
 
 class LakeSinkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: ReadOptions, schema: StructType):
         from pyspark.sql.pandas.types import to_arrow_schema
 
+        if options.ending_snapshot_id is not None or options.ending_timestamp_ms is not None:
+            raise OptionError(
+                "options 'ending_snapshot_id' and 'ending_timestamp' bound a batch read (spark.read); a stream reads on "
+                "as the table grows (trigger(availableNow=True) stops at the head it started with)"
+            )
         self._options = options
         table = load_table(options)
         self._io_properties = dict(table.io.properties)
@@ -54,22 +52,8 @@ class LakeSinkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> Offset:
         table, head = self._head()
-        metadata = table.metadata
-        options = self._options
-        if options.starting_snapshot_id is not None:
-            start = metadata.snapshot_by_id(options.starting_snapshot_id)
-            if start is None:
-                raise StreamReadError(
-                    f"option 'starting_snapshot_id' = {options.starting_snapshot_id}: table {options.table} has no such "
-                    "snapshot (never existed or expired)"
-                )
-            return {"snapshot_id": start.parent_snapshot_id or NOTHING, "scan_all": False}
-        if options.starting_timestamp_ms is not None:
-            # The stream starts with the first snapshot committed at or after the time.
-            before = [s for s in snapshots_between(metadata, NOTHING, head)
-                      if s.timestamp_ms < options.starting_timestamp_ms] if head is not None else []
-            return {"snapshot_id": before[-1].snapshot_id if before else NOTHING, "scan_all": False}
-        return {"snapshot_id": NOTHING, "scan_all": True}
+        start = range_start(table.metadata, table.metadata.snapshot_by_id(head) if head is not None else None, self._options)
+        return {"snapshot_id": start.after, "scan_all": start.scan_all}
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._available_now = True
@@ -101,39 +85,17 @@ class LakeSinkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end = snapshot.snapshot_id
         return {"snapshot_id": end, "scan_all": False}
 
-    @property
-    def _skipped_operations(self) -> frozenset[str]:
-        return frozenset(
-            op for op, skip in (("delete", self._options.skip_delete_snapshots), ("overwrite", self._options.skip_overwrite_snapshots))
-            if skip
-        )
-
     def partitions(self, start: Offset, end: Offset) -> list[InputPartition]:
         if start["snapshot_id"] == end["snapshot_id"]:
             return []
         table = load_table(self._options)
-        metadata, io = table.metadata, table.io
-        chain = snapshots_between(metadata, start["snapshot_id"], end["snapshot_id"])
-        per_snapshot = [
-            units_for(metadata, io, s, full=start["scan_all"] and i == 0, read_changes=self._options.read_changes,
-                      skip=self._skipped_operations)
-            for i, s in enumerate(chain)
-        ]
-        location = table.metadata_location
-        if self._options.read_changes:
-            # One task per snapshot: its deletes and inserts are compared to find updates.
-            return [UnitGroup(location, units) for units in per_snapshot if units]
-        units = [u for group in per_snapshot for u in group]
-        return [UnitGroup(location, g) for g in group_units(units)]
+        per_snapshot = units_between(table.metadata, table.io, RangeStart(start["snapshot_id"], start["scan_all"]),
+                                     end["snapshot_id"], self._options)
+        return unit_groups(table.metadata_location, per_snapshot, self._options.read_changes)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        settle_imports()
-        assert isinstance(partition, UnitGroup)
-        for table in read_units(partition.metadata_location, self._io_properties, self._schema_json, partition.value,
-                                self._key_columns, self._options.read_changes):
-            for batch in table.to_batches():
-                if batch.num_rows:
-                    yield conform(batch, self._arrow_schema)
+        return read_unit_group(partition, self._io_properties, self._schema_json, self._key_columns,
+                               self._options.read_changes, self._arrow_schema)
 
     def commit(self, end: Offset) -> None:
         pass  # nothing to release: offsets are snapshot ids, kept by Spark's checkpoint

@@ -172,3 +172,62 @@ def test_the_change_feed_replayed_in_ordinal_order_rebuilds_the_table_across_com
     for r in feed:
         if r["_commit_snapshot_id"] in committed:
             assert int(r["_commit_timestamp"].timestamp() * 1000) == committed[r["_commit_snapshot_id"]]
+
+
+def _replay(state: dict[int, str | None], changes: list[Any]) -> dict[int, str | None]:
+    """Apply a change feed in commit order (removals before inserts within a commit)."""
+    order = {"delete": 0, "update_before": 0, "insert": 1, "update_after": 1}
+    state = dict(state)
+    for r in sorted(changes, key=lambda r: (r["_change_ordinal"], order[r["_change_type"]])):
+        if order[r["_change_type"]] == 0:
+            assert state.pop(r["id"]) == r["v"]
+        else:
+            state[r["id"]] = r["v"]
+    return state
+
+
+def test_a_batch_read_of_a_range_replays_what_those_snapshots_changed(spark, warehouse: str) -> None:  # type: ignore[no-untyped-def]
+    """spark.read with read_changes and starting_/ending_ bounds (snapshot ids or times): the
+    changes of exactly those snapshots, which turn the table as of the one before the range
+    into the table as of the range's end (both read by pyiceberg)."""
+    cdc = {"operation": "cdc", "op_column": "op", "primary_key": "id", "index_dir": f"{warehouse}/idx", "maintenance": "off"}
+    snapshots = []  # one per write (no compaction in between)
+    for i in range(6):
+        rows = [(10 + i, f"v{i}", "c"), ((i * 7) % 5, f"u{i}", "u"), ((i * 3 + 1) % 5, None, "d")]
+        (spark.createDataFrame(rows, "id long, v string, op string").coalesce(1).write.format("lakesink")
+         .option("warehouse", warehouse).options(**cdc).mode("append").save("db.range"))
+        snapshots.append(load(warehouse, "db.range").metadata.current_snapshot_id)
+    table = load(warehouse, "db.range")
+
+    def state_at(snapshot_id: int) -> dict[int, str | None]:
+        return {r["id"]: r["v"] for r in table.scan(snapshot_id=snapshot_id).to_arrow().to_pylist()}
+
+    def changes(**bounds: str) -> list[Any]:
+        return (spark.read.format("lakesink").option("warehouse", warehouse).option("read_changes", "true")
+                .options(**bounds).load("db.range").collect())
+
+    by_id = changes(starting_snapshot_id=str(snapshots[2]), ending_snapshot_id=str(snapshots[4]))
+    assert {r["_commit_snapshot_id"] for r in by_id} == set(snapshots[2:5])
+    assert _replay(state_at(snapshots[1]), by_id) == state_at(snapshots[4])
+
+    times = {s.snapshot_id: s.timestamp_ms for s in table.metadata.snapshots}
+    by_time = changes(startingTimestamp=str(times[snapshots[1]]), endingTimestamp=str(times[snapshots[3]]))  # Delta's names
+    assert {r["_commit_snapshot_id"] for r in by_time} == set(snapshots[1:4])
+    assert _replay(state_at(snapshots[0]), by_time) == state_at(snapshots[3])
+
+    everything = changes()  # no bounds: the whole table as of the first snapshot, then every change
+    assert _replay({}, everything) == state_at(snapshots[-1])
+    assert changes(starting_timestamp=str(times[snapshots[-1]] + 60_000)) == []  # a range after the last commit is empty
+
+
+def test_a_batch_read_of_a_range_without_changes_reads_its_appended_rows(spark, warehouse: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    parts = [_batch(0, 3, "a"), _batch(3, 3, "b"), _batch(6, 3, "c")]
+    snapshots = []
+    for part in parts:
+        _write(spark, warehouse, "db.appends", part)
+        snapshots.append(load(warehouse, "db.appends").metadata.current_snapshot_id)
+    middle = (spark.read.format("lakesink").option("warehouse", warehouse).option("starting_snapshot_id", str(snapshots[1]))
+              .option("end-snapshot-id", str(snapshots[1])).load("db.appends").collect())  # Iceberg's spelling of the end
+    assert Counter((r["id"], r["v"]) for r in middle) == expected_rows(parts[1], COLUMNS)
+    with pytest.raises(Exception, match="'ending_snapshot_id' and 'ending_timestamp' bound a batch read"):
+        _stream(spark, warehouse, "db.appends", tmp_path / "ck", tmp_path / "out", ending_snapshot_id=str(snapshots[1]))

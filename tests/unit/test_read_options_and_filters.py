@@ -34,23 +34,38 @@ def test_read_options_parse_times_and_name_what_is_wrong() -> None:
         parse_read_options({"table": "db.t", "snapshot_id": "abc"})
     with pytest.raises(OptionError, match="CREATE TEMPORARY VIEW v USING lakesink"):
         parse_read_options({})  # a catalog table read: Spark passes no options
-    assert parse_read_options({"table": "db.t", "read_changes": "true"}).stream_options == ["read_changes"]
+    assert parse_read_options({"table": "db.t", "read_changes": "true"}).range_options == ["read_changes"]
 
 
 def test_iceberg_s_and_delta_s_read_spellings_are_taken_or_refused_with_ours() -> None:
-    delta = parse_read_options({"table": "db.t", "timestampAsOf": "2026-01-02T00:00:00Z", "readChangeFeed": "true",
-                                "startingTimestamp": "5"})
-    assert (delta.as_of_timestamp_ms, delta.read_changes, delta.starting_timestamp_ms) == (1_767_312_000_000, True, 5)
-    iceberg = parse_read_options({"table": "db.t", "snapshot-id": "7", "streaming-skip-delete-snapshots": "true",
+    delta = parse_read_options({"table": "db.t", "timestampAsOf": "2026-01-02T00:00:00Z"})
+    assert delta.as_of_timestamp_ms == 1_767_312_000_000
+    assert parse_read_options({"table": "db.t", "snapshot-id": "7"}).snapshot_id == 7
+    iceberg = parse_read_options({"table": "db.t", "streaming-skip-delete-snapshots": "true",
                                   "streaming-skip-overwrite-snapshots": "true", "streaming-max-files-per-micro-batch": "2"})
-    assert (iceberg.snapshot_id, iceberg.skip_delete_snapshots, iceberg.skip_overwrite_snapshots, iceberg.max_files_per_trigger) == (
-        7, True, True, 2)
+    assert (iceberg.skip_delete_snapshots, iceberg.skip_overwrite_snapshots, iceberg.max_files_per_trigger) == (True, True, 2)
     with pytest.raises(OptionError, match="option 'versionAsOf': an Iceberg table has snapshot ids, not versions: use 'snapshot_id'"):
         parse_read_options({"table": "db.t", "versionAsOf": "3"})
     with pytest.raises(OptionError, match="use 'starting_snapshot_id'"):
         parse_read_options({"table": "db.t", "startingVersion": "3"})
     with pytest.raises(OptionError, match="use 'max_files_per_trigger'"):
         parse_read_options({"table": "db.t", "streaming-max-rows-per-micro-batch": "1000"})
+
+
+def test_a_range_is_bounded_by_snapshot_or_time_and_excludes_one_state() -> None:
+    delta = parse_read_options({"table": "db.t", "readChangeFeed": "true", "startingTimestamp": "5", "endingTimestamp": "9"})
+    assert (delta.read_changes, delta.starting_timestamp_ms, delta.ending_timestamp_ms, delta.is_range) == (True, 5, 9, True)
+    iceberg = parse_read_options({"table": "db.t", "starting_snapshot_id": "4", "end-snapshot-id": "8"})
+    assert (iceberg.starting_snapshot_id, iceberg.ending_snapshot_id, iceberg.read_changes) == (4, 8, False)
+    assert not parse_read_options({"table": "db.t", "max_files_per_trigger": "3"}).is_range
+    with pytest.raises(OptionError, match="option 'start-snapshot-id': Iceberg's start-snapshot-id leaves the snapshot out"):
+        parse_read_options({"table": "db.t", "start-snapshot-id": "3"})
+    with pytest.raises(OptionError, match="use 'ending_snapshot_id' or 'ending_timestamp'"):
+        parse_read_options({"table": "db.t", "endingVersion": "3"})
+    with pytest.raises(OptionError, match="options 'ending_snapshot_id' and 'ending_timestamp' exclude each other"):
+        parse_read_options({"table": "db.t", "ending_snapshot_id": "3", "ending_timestamp": "4"})
+    with pytest.raises(OptionError, match="option 'snapshot_id' reads one state of the table.*bound the range with 'ending_snapshot_id'"):
+        parse_read_options({"table": "db.t", "read_changes": "true", "snapshot_id": "3"})
 
 
 def test_a_misspelt_read_option_gets_a_suggestion() -> None:
