@@ -64,7 +64,7 @@ def test_a_range_is_bounded_by_snapshot_or_time_and_excludes_one_state() -> None
         parse_read_options({"table": "db.t", "endingVersion": "3"})
     with pytest.raises(OptionError, match="options 'ending_snapshot_id' and 'ending_timestamp' exclude each other"):
         parse_read_options({"table": "db.t", "ending_snapshot_id": "3", "ending_timestamp": "4"})
-    with pytest.raises(OptionError, match="option 'snapshot_id' reads one state of the table.*bound the range with 'ending_snapshot_id'"):
+    with pytest.raises(OptionError, match=r"option 'snapshot_id' reads one state of the table.*bound the range with 'ending_snapshot_id'"):
         parse_read_options({"table": "db.t", "read_changes": "true", "snapshot_id": "3"})
 
 
