@@ -27,6 +27,7 @@ from pyspark.sql.types import StructType
 
 from lakesink_datasource.catalog import loader
 from lakesink_datasource.commit.committer import abort_write, commit_write
+from lakesink_datasource.errors import without_traceback
 from lakesink_datasource.maintenance.after_batch import maintain_after_commit
 from lakesink_datasource.maintenance.background import report_background, table_turn
 from lakesink_datasource.maintenance.compaction import CompactionResult
@@ -54,6 +55,7 @@ class LakeSinkDataSource(DataSource):
     def name(cls) -> str:
         return "lakesink"
 
+    @without_traceback
     def schema(self) -> StructType:
         # Asked for by reads without a user schema (the read's table state: time travel sees
         # the columns of its time) and by CREATE TABLE ... USING lakesink without a column
@@ -77,6 +79,7 @@ class LakeSinkDataSource(DataSource):
                       .add(CHANGE_ORDINAL, "long", nullable=False).add(COMMIT_TIMESTAMP, "timestamp", nullable=False))
         return schema
 
+    @without_traceback
     def reader(self, schema: StructType) -> DataSourceReader:
         settle_imports()
         options = parse_read_options(self.options)
@@ -92,14 +95,17 @@ class LakeSinkDataSource(DataSource):
         reader_class = LakeSinkFilteringReader if filter_pushdown_enabled() else LakeSinkReader
         return reader_class(options, schema)
 
+    @without_traceback
     def streamReader(self, schema: StructType) -> LakeSinkStreamReader:
         settle_imports()
         return LakeSinkStreamReader(parse_read_options(self.options), schema)
 
+    @without_traceback
     def writer(self, schema: StructType, overwrite: bool) -> LakeSinkBatchWriter:
         settle_imports()
         return LakeSinkBatchWriter(_timed_plan(parse_options(self.options), schema, overwrite))
 
+    @without_traceback
     def streamWriter(self, schema: StructType, overwrite: bool) -> LakeSinkStreamWriter:
         settle_imports()  # the planning worker and the commit runner both call this
         options = parse_options(self.options)
@@ -159,10 +165,12 @@ class LakeSinkBatchWriter(DataSourceArrowWriter):
     def __init__(self, plan: WritePlan):
         self.plan = plan
 
+    @without_traceback
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         settle_imports()
         return write_task(self.plan, iterator)
 
+    @without_traceback
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         settle_imports()
         _commit(self.plan, messages, batch_id=None)
@@ -175,10 +183,12 @@ class LakeSinkStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, plan: WritePlan):
         self.plan = plan
 
+    @without_traceback
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         settle_imports()
         return write_task(self.plan, iterator)
 
+    @without_traceback
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _commit(self.plan, messages, batch_id=batchId)
 

@@ -16,6 +16,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxFiles, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from lakesink_datasource.errors import without_traceback
 from lakesink_datasource.options import OptionError
 from lakesink_datasource.read.changes import snapshots_between
 from lakesink_datasource.read.options import ReadOptions
@@ -50,6 +51,7 @@ class LakeSinkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         snapshot = table.metadata.snapshot_by_name(self._options.branch or "main")
         return table, snapshot.snapshot_id if snapshot is not None else None
 
+    @without_traceback
     def initialOffset(self) -> Offset:
         table, head = self._head()
         start = range_start(table.metadata, table.metadata.snapshot_by_id(head) if head is not None else None, self._options)
@@ -64,6 +66,7 @@ class LakeSinkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMaxFiles(self._options.max_files_per_trigger)
         return ReadAllAvailable()
 
+    @without_traceback
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
         table, head = self._head()
         if self._available_now:
@@ -85,6 +88,7 @@ class LakeSinkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end = snapshot.snapshot_id
         return {"snapshot_id": end, "scan_all": False}
 
+    @without_traceback
     def partitions(self, start: Offset, end: Offset) -> list[InputPartition]:
         if start["snapshot_id"] == end["snapshot_id"]:
             return []

@@ -4,6 +4,7 @@ client, then a batch write, a streaming write and a read; prints what it saw as 
 import json
 import sys
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
 from lakesink_datasource import LakeSinkDataSource
@@ -20,4 +21,10 @@ q = (spark.readStream.schema("id long, v string").parquet(f"{work}/src").writeSt
 q.awaitTermination()
 rows = spark.read.format("lakesink").option("warehouse", warehouse).load("db.connect").collect()
 out["read"] = sorted([r["id"], r["v"]] for r in rows)
+spark.conf.set("spark.sql.connect.serverStacktrace.enabled", "false")  # what the docs tell a user to set
+try:
+    spark.createDataFrame([(1, "a")], "id long, v string").write.format("lakesink").option("warehouse", warehouse).option(
+        "primary_kye", "id").mode("append").save("db.connect")
+except AnalysisException as error:
+    out["misspelt"] = str(error)
 print(json.dumps(out))

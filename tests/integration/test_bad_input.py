@@ -37,8 +37,11 @@ def test_bad_options_are_named_and_change_nothing(spark, warehouse: str, existin
     writer = spark.createDataFrame([(2, "b")], "id long, name string").write.format("lakesink").option("warehouse", warehouse).option("table", existing_table)
     for key, value in options.items():
         writer = writer.option(key, value)
-    with pytest.raises(Exception, match=message):
+    with pytest.raises(Exception, match=message) as raised:
         writer.mode("append").save()
+    # The message the user acts on, not lakesink's frames: only the entry point's is left.
+    assert [line for line in str(raised.value).splitlines() if line.strip().startswith("File ")] == [
+        line for line in str(raised.value).splitlines() if "lakesink_datasource/errors.py" in line]
     assert current_snapshot_id(warehouse, existing_table) == before
     assert data_files_on_disk(warehouse) == files
 

@@ -63,4 +63,7 @@ def test_a_connect_client_registers_lakesink_writes_streams_and_reads(connect_se
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     expected = [{"id": i, "v": f"b{i}"} for i in range(5)] + [{"id": i, "v": f"s{i}"} for i in range(100, 103)]
     assert seen["read"] == sorted([r["id"], r["v"]] for r in expected)
+    # A misspelt option reaches the client as lakesink's message, not a screen of frames.
+    assert "did you mean 'primary_key'?" in seen["misspelt"]
+    assert len(seen["misspelt"]) < 1000, seen["misspelt"]
     assert_readers_see(warehouse, "db.connect", expected_rows(expected, ["id", "v"]), ["id", "v"])
