@@ -7,7 +7,8 @@ manifests this reader plans with); lakesink serves them through the data source 
 are one `spark.read` or `CREATE TEMPORARY VIEW` away. They are small (one row per snapshot,
 file or manifest): the driver builds the Arrow table and Spark reads it as one partition.
 
-`entries` is left out: pyiceberg 0.12's builder fails on format-version 3 manifests.
+`entries` is built by read/entries_table.py: pyiceberg 0.12's builder fails on deletion
+vectors (files without column metrics).
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from pyspark.sql.types import StructType
 
 from lakesink_datasource.iceberg import summary_keys as keys
 from lakesink_datasource.options import OptionError
+from lakesink_datasource.read import entries_table
 from lakesink_datasource.read.options import ReadOptions
 from lakesink_datasource.read.scan import NoSuchTable, load_table
 
 # Iceberg's names, in the order its documentation lists them.
 ICEBERG_TABLES = (
-    "history", "metadata_log_entries", "snapshots", "refs", "files", "data_files", "delete_files", "manifests", "partitions",
+    "history", "metadata_log_entries", "snapshots", "entries", "refs", "files", "data_files", "delete_files", "manifests",
+    "partitions",
 )
 LAKESINK_HISTORY = "lakesink_history"
 METADATA_TABLES = (*ICEBERG_TABLES, LAKESINK_HISTORY)
@@ -68,6 +71,8 @@ def resolve(options: ReadOptions) -> pa.Table | None:
 def metadata_table(table: Table, name: str) -> pa.Table:
     if name == LAKESINK_HISTORY:
         return lakesink_history(table)
+    if name == "entries":
+        return entries_table.entries(table)
     return getattr(table.inspect, name)()
 
 
