@@ -17,15 +17,12 @@ Decision per key (the model: live rows are a map key -> latest row):
 
 from __future__ import annotations
 
-import logging
 import operator
-import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from itertools import repeat
 
-import lmdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -36,22 +33,11 @@ from pyroaring import BitMap64
 from lakesink_datasource.arrays import take_items, unique_sorted
 from lakesink_datasource.catalog import loader
 from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
-from lakesink_datasource.index.host_lock import host_locks
+from lakesink_datasource.index.for_write import TaskIndex, index_location, open_for_task
 from lakesink_datasource.index.key_columns import SEQUENCE, TOMBSTONE, KeyColumns
 from lakesink_datasource.index.key_encoding import key_hashes
 from lakesink_datasource.index.location_codec import Found, pack_locations, pack_positions
-from lakesink_datasource.index.owner import default_index_dir, index_owner, token_for
-from lakesink_datasource.index.published import fetch as fetch_published
-from lakesink_datasource.index.published import maybe_publish
 from lakesink_datasource.index.reindex import TombstonesUnreadable
-from lakesink_datasource.index.sharded_index import (
-    ShardedIndex,
-    lock_paths,
-    make_index_dir,
-    open_sharded,
-    reopen_empty_sharded,
-)
-from lakesink_datasource.index.sync import SyncReport, sync
 from lakesink_datasource.io.partitioning import PartitionSplitter
 from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
 from lakesink_datasource.messages import PositionDeletesMessage
@@ -60,11 +46,29 @@ from lakesink_datasource.table.plan import WritePlan, write_spec
 from lakesink_datasource.table.tombstone_table import companion_identifier, read_stored
 from lakesink_datasource.write.changes import Changes, KeyedInputError, resolve_changes
 
-log = logging.getLogger("lakesink")
+
+def tombstone_reader(plan: WritePlan) -> Callable[[], pa.Table | None]:
+    """Reads the companion table's tombstones, for an index that must be rebuilt."""
+
+    def stored() -> pa.Table | None:
+        try:
+            return read_stored(loader.load(plan.catalog), plan.identifier)
+        except Exception as exc:  # a damaged companion, or a catalog out of an executor's reach
+            # The rebuild then knows only the tombstone files the retained snapshots name:
+            # it refuses the changes that deletes it cannot see could have overruled.
+            raise TombstonesUnreadable(f"{companion_identifier(plan.identifier)}: {type(exc).__name__}: {exc}") from exc
+
+    return stored
 
 
-def index_location(plan: WritePlan, metadata: TableMetadata) -> str:
-    return os.path.join(plan.options.index_dir or default_index_dir(), str(metadata.table_uuid))
+def open_task_index(plan: WritePlan, metadata: TableMetadata, io: FileIO, *, partition_id: int, attempt: int) -> TaskIndex:
+    """The host's key index at the table's current snapshot, for this task attempt."""
+    assert plan.keyed is not None
+    return open_for_task(
+        index_location(plan.options.index_dir, metadata), io, metadata,
+        KeyColumns(plan.keyed.table_key_columns, plan.keyed.table_sequence_column),
+        write_id=plan.write_id, partition_id=partition_id, attempt=attempt, stored=tombstone_reader(plan),
+    )
 
 
 class KeyedWriter:
@@ -72,13 +76,10 @@ class KeyedWriter:
         self,
         plan: WritePlan,
         metadata: TableMetadata,
-        io: FileIO,
+        task_index: TaskIndex,
         writer: PartitionedParquetWriter,
         splitter: PartitionSplitter,
         aligner: BatchAligner,
-        *,
-        partition_id: int,
-        attempt: int,
     ):
         assert plan.keyed is not None
         self._plan = plan
@@ -87,40 +88,9 @@ class KeyedWriter:
         self._splitter = splitter
         self._aligner = aligner
         self._spec_id = write_spec(plan, metadata).spec_id
-        path = make_index_dir(index_location(plan, metadata))
-        self.host = index_owner(path)
-        self._token = token_for(plan.write_id, self.host, partition_id, attempt)
-        columns = KeyColumns(self._keyed.table_key_columns, self._keyed.table_sequence_column)
-
-        def stored() -> pa.Table | None:
-            try:
-                return read_stored(loader.load(plan.catalog), plan.identifier)
-            except Exception as exc:  # a damaged companion, or a catalog out of an executor's reach
-                # The rebuild then knows only the tombstone files the retained snapshots name:
-                # it refuses the changes that deletes it cannot see could have overruled.
-                raise TombstonesUnreadable(f"{companion_identifier(plan.identifier)}: {type(exc).__name__}: {exc}") from exc
-
-        started = time.perf_counter()
-        self.healed = False  # the index was damaged and rebuilt from the table by this task
-        def synced(index: ShardedIndex) -> SyncReport:
-            return sync(
-                index, io, metadata, columns, write_id=plan.write_id, host=self.host, partition_id=partition_id,
-                attempt=attempt, stored=stored, fetch=lambda _reason: fetch_published(index, io, metadata, columns) is not None,
-            )
-
-        with host_locks(lock_paths(path)):
-            try:
-                self._index: ShardedIndex = open_sharded(path)
-                self.sync_report: SyncReport = synced(self._index)
-            except lmdb.Error as exc:
-                # The index is a cache: a damaged one is dropped and started over.
-                log.warning("lakesink: key index %s is damaged (%s); starting it over", path, exc)
-                self.healed = True
-                self._index = reopen_empty_sharded(path)
-                self.sync_report = synced(self._index)
-            # A clean index at a committed snapshot: now and then a copy for cold hosts.
-            maybe_publish(self._index, io, metadata, columns, self.host)
-        self.index_seconds = self.sync_seconds = time.perf_counter() - started
+        self._index = task_index.index
+        self._token = task_index.token
+        self.host = task_index.host
         state = self._index.get_state()
         self._floor = state.tombstone_floor if state is not None else None
         self.tombstone_max: bytes | None = None  # the highest sequence this task's deletes carry (encoded)
@@ -131,6 +101,7 @@ class KeyedWriter:
         self._deleted: list[pa.Table] = []  # keys deleted without a sequence (reported to other hosts)
         self.rows_deleted = 0
         self.rows_ignored = 0
+        self.lookup_seconds = 0.0  # resolving keys in the index, within write()
 
     def _resolution_table(self, batch: pa.RecordBatch, aligned: pa.Table) -> pa.Table:
         """Key and sequence columns in the *table's* types (the index must encode a key the
@@ -189,7 +160,7 @@ class KeyedWriter:
             return np.concatenate(changed), values
 
         self._index.transact(self._token, changes.keys, decide)
-        self.index_seconds += time.perf_counter() - started
+        self.lookup_seconds += time.perf_counter() - started
         self._writer.flush_pending()  # Parquet encoding outside the lock
 
     def _decide(self, changes: Changes, found: Found) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

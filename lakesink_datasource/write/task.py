@@ -24,6 +24,7 @@ from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg.partition_key import PartitionKey, partition_path
 from lakesink_datasource.iceberg.properties import TableSettings, effective_properties
 from lakesink_datasource.iceberg.row_filter import RowFilter, matches, parse_filter
+from lakesink_datasource.index.for_write import TaskIndex
 from lakesink_datasource.index.key_columns import TOMBSTONE_DIR
 from lakesink_datasource.index.owner import owner_digest
 from lakesink_datasource.io.partitioning import PartitionSplitter
@@ -33,7 +34,7 @@ from lakesink_datasource.schema.arrow_align import BatchAligner, table_arrow_sch
 from lakesink_datasource.table import idempotency, metadata_cache
 from lakesink_datasource.table.plan import WritePlan, write_schema, write_spec
 from lakesink_datasource.write.changes import KeyedInputError
-from lakesink_datasource.write.keyed import KeyedWriter
+from lakesink_datasource.write.keyed import KeyedWriter, open_task_index
 
 log = logging.getLogger("lakesink")
 
@@ -215,9 +216,11 @@ def write_task(
     rows_in = 0
     partition_seconds = write_seconds = 0.0
     keyed: KeyedWriter | None = None
+    task_index: TaskIndex | None = None
     try:
         if plan.keyed is not None:
-            keyed = KeyedWriter(plan, metadata, io, writer, splitter, aligner, partition_id=who.partition_id, attempt=who.attempt)
+            task_index = open_task_index(plan, metadata, io, partition_id=who.partition_id, attempt=who.attempt)
+            keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner)
         # Concatenating Spark's batches only pays where they are split (by partition or by key);
         # an unpartitioned append buffers them as they come (the writer keeps each once).
         chunk_rows = CHUNK_ROWS if keyed is not None or not splitter.is_unpartitioned else 1
@@ -255,20 +258,22 @@ def write_task(
         # Spark reuses this worker process: give the allocator's cached pages back to the OS
         # instead of carrying this task's peak into the next one.
         pa.default_memory_pool().release_unused()
-    index_seconds = keyed.index_seconds if keyed else 0.0
+    # The index's share: bringing it forward, then resolving keys (inside write_seconds).
+    sync_seconds = task_index.seconds if task_index is not None else 0.0
+    lookup_seconds = keyed.lookup_seconds if keyed is not None else 0.0
     stats = TaskStats(
         rows_in=rows_in,
         rows_written=sum(f.record_count for f in files),
         rows_deleted=keyed.rows_deleted if keyed else 0,
         bytes_written=sum(f.file_size_in_bytes for f in files),
         partition_seconds=partition_seconds,
-        index_seconds=index_seconds,
-        index_sync_seconds=keyed.sync_seconds if keyed else 0.0,
-        write_seconds=max(0.0, write_seconds - index_seconds),
+        index_seconds=sync_seconds + lookup_seconds,
+        index_sync_seconds=sync_seconds,
+        write_seconds=max(0.0, write_seconds - lookup_seconds),
         task_seconds=time.perf_counter() - task_started,
         input_wait_seconds=timed.waited,
     )
-    if keyed is None:
+    if keyed is None or task_index is None:
         return result(data_files=files, stats=stats)
     # Named with the host's digest: a host catching up a batch made on several hosts skips
     # its own reports (its index has its own part already).
@@ -278,5 +283,5 @@ def write_task(
     return result(
         data_files=files, stats=stats, position_deletes=keyed.position_deletes(), host=keyed.host,
         key_hashes=keyed.key_hashes(), tombstones=tombstones, deleted_keys=deleted, tombstone_max_sequence=keyed.tombstone_max,
-        index_healed=keyed.healed, index_sync=keyed.sync_report.describe(),
+        index_healed=task_index.healed, index_sync=task_index.report.describe(),
     )

@@ -1,0 +1,92 @@
+"""The one entry a keyed write task takes into its host's key index: open it, bring it to the
+table's current snapshot, and hand it over with the names the task's changes go under.
+
+Under the host's locks on every environment (so no other task of the host writes while the
+index is brought forward): open the sharded index, sync it (follow the snapshots since its
+state, or fetch a published copy, or rebuild), and now and then publish a copy for cold
+hosts. A damaged index is a cache, not data: it is started over and synced again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import lmdb
+from pyiceberg.io import FileIO
+from pyiceberg.table.metadata import TableMetadata
+
+from lakesink_datasource.index.host_lock import host_locks
+from lakesink_datasource.index.key_columns import KeyColumns
+from lakesink_datasource.index.owner import default_index_dir, index_owner, token_for
+from lakesink_datasource.index.published import fetch as fetch_published
+from lakesink_datasource.index.published import maybe_publish
+from lakesink_datasource.index.reindex import StoredTombstones
+from lakesink_datasource.index.sharded_index import (
+    ShardedIndex,
+    lock_paths,
+    make_index_dir,
+    open_sharded,
+    reopen_empty_sharded,
+)
+from lakesink_datasource.index.sync import SyncReport, sync
+
+log = logging.getLogger("lakesink")
+
+
+@dataclass(frozen=True)
+class TaskIndex:
+    """A host's key index brought to the current snapshot, for one task attempt."""
+
+    index: ShardedIndex
+    host: str  # index_owner: the machine and index directory
+    token: str  # this attempt's undo token
+    report: SyncReport
+    healed: bool  # found damaged and rebuilt by this task
+    seconds: float  # opening and syncing
+
+
+def index_location(index_dir: str | None, metadata: TableMetadata) -> str:
+    return os.path.join(index_dir or default_index_dir(), str(metadata.table_uuid))
+
+
+def open_for_task(
+    location: str,
+    io: FileIO,
+    metadata: TableMetadata,
+    columns: KeyColumns,
+    *,
+    write_id: str,
+    partition_id: int,
+    attempt: int,
+    stored: StoredTombstones,
+) -> TaskIndex:
+    """The index at `location`, reflecting `metadata`'s current snapshot plus this write's
+    own committed-elsewhere tokens. `stored` reads the companion table's tombstones, asked
+    for only by a rebuild."""
+    started = time.perf_counter()
+    path = make_index_dir(location)
+    host = index_owner(path)
+
+    def synced(index: ShardedIndex) -> SyncReport:
+        return sync(
+            index, io, metadata, columns, write_id=write_id, host=host, partition_id=partition_id, attempt=attempt,
+            stored=stored, fetch=lambda _reason: fetch_published(index, io, metadata, columns) is not None,
+        )
+
+    healed = False
+    with host_locks(lock_paths(path)):
+        try:
+            index = open_sharded(path)
+            report = synced(index)
+        except lmdb.Error as exc:
+            log.warning("lakesink: key index %s is damaged (%s); starting it over", path, exc)
+            healed = True
+            index = reopen_empty_sharded(path)
+            report = synced(index)
+        # A clean index at a committed snapshot: now and then a copy for cold hosts.
+        maybe_publish(index, io, metadata, columns, host)
+    token = token_for(write_id, host, partition_id, attempt)
+    return TaskIndex(index, host, token, report, healed, time.perf_counter() - started)
