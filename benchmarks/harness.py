@@ -15,8 +15,8 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
-import re
 import shutil
 import statistics
 import sys
@@ -406,12 +406,16 @@ class RssSampler:
 
 # --------------------------------------------------------------------------- lakesink phase log
 
-_KV = re.compile(r"(\w+)=([-\w.]+)")
 _PHASE_KEYS = ("rows_in", "rows_written", "data_files", "bytes", "partition_s", "index_s", "write_s", "commit_s")
 
 
+def log_events(text: str) -> list[dict[str, Any]]:
+    """The JSON records of a log the worker hook wrote (benchmarks/_worker_hooks)."""
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
 class PhaseLog:
-    """The `lakesink: committed snapshot ...` lines written by the worker hook."""
+    """The sink's log events (JSON lines) written by the worker hook: one per commit."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -429,14 +433,12 @@ class PhaseLog:
         self._offset += len(text.encode())
         totals: dict[str, float] = dict.fromkeys(_PHASE_KEYS, 0.0)
         commits = 0
-        for line in text.splitlines():
-            if "committed snapshot" not in line:
+        for event in log_events(text):
+            if event.get("event") != "commit":
                 continue
             commits += 1
-            values = dict(_KV.findall(line))
             for key in _PHASE_KEYS:
-                if key in values:
-                    totals[key] += float(values[key])
+                totals[key] += float(event.get(key) or 0)
         out: dict[str, Any] = {"commits": commits}
         for key, value in totals.items():
             out[key] = int(value) if key in ("rows_in", "rows_written", "data_files", "bytes") else round(value, 3)

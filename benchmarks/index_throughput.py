@@ -15,8 +15,9 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 
+from lakesink_datasource.index.environment import drop_index, open_index
 from lakesink_datasource.index.key_encoding import encode_keys
-from lakesink_datasource.index.key_index import KeyIndex, drop_index, open_index
+from lakesink_datasource.index.key_shard import KeyShard
 from lakesink_datasource.index.location_codec import Location
 
 
@@ -40,7 +41,7 @@ def main() -> None:
     missing = [pa.array(b.to_numpy() ^ 1) for b in batches]  # different random keys: misses
 
     with tempfile.TemporaryDirectory(dir=args.dir) as parent:
-        ix = open_index(f"{parent}/table")
+        ix = open_index(KeyShard, f"{parent}/table")
         results: list[tuple[str, float, float]] = []
         keys: list[list[bytes]] = []
 
@@ -67,7 +68,7 @@ def main() -> None:
 
             return run
 
-        def resolve(index: KeyIndex, commit: bool, prefix: str) -> Callable[[], None]:
+        def resolve(index: KeyShard, commit: bool, prefix: str) -> Callable[[], None]:
             tokens = [f"{prefix}/{n}" for n in range(len(keys))]
             return (lambda: index.commit_tokens(tokens)) if commit else (lambda: index.rollback_tokens(tokens))
 

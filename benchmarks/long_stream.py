@@ -20,7 +20,6 @@ long_stream.png (per-batch latency over time) to `--out` (default benchmarks/).
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import statistics
 import threading
@@ -28,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import OUT_DIR, BenchConfig, log, start_spark, worker_environment
+from benchmarks.harness import OUT_DIR, BenchConfig, log, log_events, start_spark, worker_environment
 
 IDENT = "bench.stream"
 KEYS = 50_000
@@ -97,29 +96,23 @@ def _listen(spark: Any) -> _Progress:
     return progress
 
 
-_COMMITTED = re.compile(
-    r"committed snapshot \d+ .*batch=(\d+) .*partition_s=([\d.]+) index_s=([\d.]+) write_s=([\d.]+) commit_s=([\d.]+)"
-)
-_COMPACTED = re.compile(r"compaction after batch (\d+): .* in ([\d.]+) s")
-
-
 def _phases(log_path: Path) -> dict[int, dict[str, float]]:
-    """Per batch, from the sink's own INFO lines (benchmarks/_worker_hooks): the driver's commit
+    """Per batch, from the sink's own log events (benchmarks/_worker_hooks): the driver's commit
     seconds, the after-commit compaction seconds, and the tasks' seconds (summed over tasks)."""
     out: dict[int, dict[str, float]] = {}
     if not log_path.exists():
         return out
-    for line in log_path.read_text().splitlines():
-        m = _COMMITTED.search(line)
-        if m:
-            batch = int(m.group(1))
-            out.setdefault(batch, {}).update(
-                tasks_s=float(m.group(2)) + float(m.group(3)) + float(m.group(4)), index_s=float(m.group(3)), commit_s=float(m.group(5))
-            )
+    for event in log_events(log_path.read_text()):
+        if event.get("batch") is None:
             continue
-        m = _COMPACTED.search(line)
-        if m:
-            out.setdefault(int(m.group(1)), {})["compaction_s"] = float(m.group(2))
+        batch = int(event["batch"])
+        if event.get("event") == "commit":
+            out.setdefault(batch, {}).update(
+                tasks_s=event["partition_s"] + event["index_s"] + event["write_s"], index_s=event["index_s"],
+                commit_s=event["commit_s"],
+            )
+        elif event.get("event") == "compaction":
+            out.setdefault(batch, {})["compaction_s"] = event["seconds"]
     return out
 
 

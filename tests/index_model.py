@@ -1,5 +1,5 @@
 """A plain-dict model of the key index's undo contract, shared by the tests of one
-environment (`KeyIndex`) and of the sharded index."""
+environment (`KeyShard`) and of the sharded index."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ class Model:
 
 
 def check_against_model(ix: Any, ops: list, *, pending_in_order: bool = True) -> None:
-    """Run `ops` on the index `ix` (a `KeyIndex` or a `ShardedIndex`) and on the model,
+    """Run `ops` on the index `ix` (a `KeyShard` or a `ShardedIndex`) and on the model,
     comparing the mapping, the count and the pending tokens after every step. A sharded
     index lists pending tokens shard by shard, so only the set is compared there."""
     model = Model()

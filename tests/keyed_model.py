@@ -40,7 +40,7 @@ from pyspark.sql import types as T
 from lakesink_datasource.catalog import loader
 from lakesink_datasource.check import check_table
 from lakesink_datasource.commit.committer import CommitOutcome, commit_write
-from lakesink_datasource.index import key_index
+from lakesink_datasource.index import environment
 from lakesink_datasource.maintenance.tombstone_storing import store_tombstones_safely
 from lakesink_datasource.messages import LakeSinkCommitMessage, TaskResult, decode_messages
 from lakesink_datasource.options import parse_options
@@ -379,8 +379,8 @@ class Harness:
         for folder in folders:
             if new_process:
                 prefix = os.path.abspath(folder) + os.sep
-                for path in [p for p in list(key_index._CACHE) if p.startswith(prefix)]:
-                    key_index.drop_index(path)
+                for path in [p for p in list(environment._CACHE) if p.startswith(prefix)]:
+                    environment.drop_index(path)
             shutil.rmtree(folder, ignore_errors=True)
 
     def close(self) -> None:

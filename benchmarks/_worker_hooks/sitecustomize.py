@@ -2,20 +2,27 @@
 
 `python -m benchmarks` puts this directory on PYTHONPATH (only in the environment the
 JVM and its Python workers inherit, never in the benchmark's own process) and sets
-LAKESINK_BENCH_LOG. The hook then sends the `lakesink` logger's INFO lines (one per
-committed batch: rows, files, bytes and per-phase seconds) to that file, so the
-benchmark reads the sink's own phase timings without changing the code it measures.
-Without LAKESINK_BENCH_LOG it does nothing.
+LAKESINK_BENCH_LOG. The hook then sends the `lakesink` logger's INFO records to that file,
+one JSON object per line: a record's `lakesink_event` fields (a commit's rows, files,
+bytes and per-phase seconds; a compaction's seconds) where it has them, else its message,
+so the benchmark reads the sink's own timings as data, without changing the code it
+measures. Without LAKESINK_BENCH_LOG it does nothing.
 """
 
 import os
 
 _path = os.environ.get("LAKESINK_BENCH_LOG")
 if _path:
+    import json
     import logging
 
+    class _JsonLines(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            fields = getattr(record, "lakesink_event", None) or {"message": record.getMessage()}
+            return json.dumps({"created": record.created, "pid": record.process, **fields})
+
     _handler = logging.FileHandler(_path, mode="a", delay=True)  # O_APPEND: one line per record
-    _handler.setFormatter(logging.Formatter("%(created).3f %(process)d %(message)s"))
+    _handler.setFormatter(_JsonLines())
     _logger = logging.getLogger("lakesink")
     _logger.addHandler(_handler)
     _logger.setLevel(logging.INFO)

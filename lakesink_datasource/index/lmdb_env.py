@@ -32,7 +32,7 @@ class Cursor(Protocol):
 class Txn(Protocol):
     """What the index uses of an lmdb transaction. lmdb's stubs type values as
     `bytes | memoryview` to cover `buffers=True`; lakesink asks for buffers only to read
-    move maps as numpy views (`KeyIndex.move_maps`, which takes them as buffers), so every
+    move maps as numpy views (`FileTable.move_maps`, which takes them as buffers), so every
     other value is `bytes` (the one cast is in `begin`)."""
 
     def get(self, key: bytes, default: bytes | None = None, db: Any = None) -> bytes | None: ...

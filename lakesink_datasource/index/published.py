@@ -38,8 +38,8 @@ from pyiceberg.table.metadata import TableMetadata
 
 from lakesink_datasource.iceberg.history import ancestors
 from lakesink_datasource.iceberg.listing import list_files
+from lakesink_datasource.index.environment import IndexState
 from lakesink_datasource.index.key_columns import KeyColumns
-from lakesink_datasource.index.key_index import IndexState
 from lakesink_datasource.index.owner import owner_digest
 from lakesink_datasource.index.sharded_index import IndexSnapshot, ShardedIndex
 

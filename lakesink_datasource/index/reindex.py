@@ -25,10 +25,10 @@ from lakesink_datasource.iceberg.live_files import live_data_files, live_positio
 from lakesink_datasource.iceberg.partition_key import encode_partition
 from lakesink_datasource.iceberg.properties import TOMBSTONE_MAX_SEQUENCE
 from lakesink_datasource.iceberg.summary_keys import TOMBSTONES
+from lakesink_datasource.index.environment import IndexState
 from lakesink_datasource.index.file_refs import FileRef, encode_ref
 from lakesink_datasource.index.key_columns import SEQUENCE, TOMBSTONE, KeyColumns
 from lakesink_datasource.index.key_encoding import encode_keys
-from lakesink_datasource.index.key_index import IndexState
 from lakesink_datasource.index.location_codec import Location, pack_positions
 from lakesink_datasource.index.sharded_index import ShardedIndex
 
@@ -64,7 +64,7 @@ def index_files(
     """Index every live row of `files` ((data file, data sequence number) pairs), oldest
     data first so a newer row of a key wins; positions hidden by `deletes` (the position
     deletes by data file path; default: those live in the current snapshot) are skipped.
-    Without undo (`KeyIndex.overwrite_packed`): only for catch-up and rebuild, before the
+    Without undo (`KeyShard.overwrite_packed`): only for catch-up and rebuild, before the
     index's state moves."""
     dvs = live_position_deletes(io, metadata.current_snapshot()) if deletes is None else deletes
     indexed = 0

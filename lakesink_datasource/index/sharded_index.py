@@ -16,8 +16,8 @@ together (+11%), and still spreads keys evenly once a chunk spans a few thousand
 
 Layout under the table's index directory::
 
-    files/        one file table for all shards (ordinals packed into key locations)
-    shard-NN/     a `KeyIndex` per shard: keys, undo, state
+    files/        the `FileTable` of all shards (ordinals packed into key locations), move maps
+    shard-NN/     a `KeyShard` per shard: keys, undo, state
     writers-NN.lock
 
 What spans shards is not atomic, and need not be: committing or rolling back tokens and
@@ -42,9 +42,11 @@ import numpy as np
 from lakesink_datasource.arrays import take_items, unique_sorted
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.index.damage import damage, remove_environment
+from lakesink_datasource.index.environment import IndexEnvironment, IndexState, drop_index, open_index, reopen_empty
+from lakesink_datasource.index.file_table import FileTable
 from lakesink_datasource.index.host_lock import host_lock, host_locks
 from lakesink_datasource.index.key_encoding import key_hashes
-from lakesink_datasource.index.key_index import IndexState, KeyIndex, drop_index, open_index, reopen_empty
+from lakesink_datasource.index.key_shard import KeyShard
 from lakesink_datasource.index.location_codec import Found, Location
 from lakesink_datasource.index.row_moves import NO_ROW, MoveMaps, compose, moved_rows, place_ordinals, translate
 
@@ -73,10 +75,10 @@ def lock_paths(path: str, shards: int = SHARDS) -> list[str]:
 
 
 class ShardedIndex:
-    """A table's key index on this host: `KeyIndex` shards behind one file table. Use
-    `open_sharded`. Methods mirror `KeyIndex`'s and route keys to their shard."""
+    """A table's key index on this host: `KeyShard`s behind one `FileTable`. Use
+    `open_sharded`. Key methods mirror `KeyShard`'s and route keys to their shard."""
 
-    def __init__(self, path: str, shards: Sequence[KeyIndex], files: KeyIndex):
+    def __init__(self, path: str, shards: Sequence[KeyShard], files: FileTable):
         self.path = os.path.abspath(path)
         self.shards = list(shards)
         self.files = files
@@ -134,7 +136,7 @@ class ShardedIndex:
         put_parts = self._split([k for k, _ in puts])
         delete_parts = self._split(deletes)
         for s, (shard, put_which, delete_which) in enumerate(zip(self.shards, put_parts, delete_parts)):
-            # An empty apply still registers the token, as `KeyIndex.apply` does (in shard 0).
+            # An empty apply still registers the token, as `KeyShard.apply` does (in shard 0).
             if len(put_which) or len(delete_which) or (s == 0 and not puts and not deletes):
                 shard.apply(token, take_items(puts, put_which), take_items(deletes, delete_which))
 
@@ -149,7 +151,7 @@ class ShardedIndex:
                 shard.remove_keys(take_items(keys, which))
 
     def transact(self, token: str, keys: Sequence[bytes], decide: ShardDecision) -> None:
-        """`KeyIndex.transact` per shard, each under its shard's host lock: one write
+        """`KeyShard.transact` per shard, each under its shard's host lock: one write
         transaction per shard with keys. Shards whose lock is free are taken first; only when
         every remaining one is busy does the task wait (for the first of them)."""
         parts = self._split(keys)
@@ -241,15 +243,23 @@ class ShardedIndex:
         pending there)."""
         return list(dict.fromkeys(t for shard in self.shards for t in shard.pending_tokens()))
 
-    def _each_shard(self, op: Callable[[KeyIndex], object], step: str, *, files_too: bool = False) -> None:
-        for shard in [*self.shards, self.files] if files_too else self.shards:
+    def _each_shard(self, op: Callable[[KeyShard], object], step: str) -> None:
+        for shard in self.shards:
             op(shard)
             fault_point(f"index_shard_{step}")  # tests: a crash between two shards
 
+    def _each_environment(self, op: Callable[[IndexEnvironment], object], step: str) -> None:
+        for env in [*self.shards, self.files]:
+            op(env)
+            fault_point(f"index_shard_{step}")
+
     def commit_tokens(self, tokens: Iterable[str], state: IndexState | None = None) -> None:
         tokens = list(tokens)
-        # The file table holds no tokens, but records the state too (see get_state).
-        self._each_shard(lambda shard: shard.commit_tokens(tokens, state), "committed", files_too=state is not None)
+        self._each_shard(lambda shard: shard.commit_tokens(tokens, state), "committed")
+        if state is not None:
+            # The file table holds no tokens, but records the state too (see get_state).
+            self.files.set_state(state)
+            fault_point("index_shard_committed")
 
     def rollback_tokens(self, tokens: Iterable[str]) -> None:
         tokens = list(tokens)
@@ -266,7 +276,7 @@ class ShardedIndex:
         return states[0] if all(state == states[0] for state in states) else None
 
     def set_state(self, state: IndexState) -> None:
-        self._each_shard(lambda shard: shard.set_state(state), "state_set", files_too=True)
+        self._each_environment(lambda env: env.set_state(state), "state_set")
 
     def begin_catch_up(self, target: str) -> None:
         self._each_shard(lambda shard: shard.begin_catch_up(target), "catch_up_begun")
@@ -279,7 +289,7 @@ class ShardedIndex:
     def clear(self) -> None:
         # Shards first: one cleared shard has no state, so a crash before the rest are cleared
         # still rebuilds.
-        self._each_shard(lambda shard: shard.clear(), "cleared", files_too=True)
+        self._each_environment(lambda env: env.clear(), "cleared")
 
     @contextmanager
     def all_locked(self) -> Iterator[None]:
@@ -289,7 +299,7 @@ class ShardedIndex:
 
     # -- copies (published.py) -------------------------------------------------------------
 
-    def environments(self) -> dict[str, KeyIndex]:
+    def environments(self) -> dict[str, IndexEnvironment]:
         """The environments by name, as a copy names them."""
         return {"files": self.files, **{f"shard-{s:02d}": shard for s, shard in enumerate(self.shards)}}
 
@@ -308,8 +318,8 @@ class ShardedIndex:
             remove_environment(target)
             os.makedirs(target, exist_ok=True)
             os.replace(os.path.join(folders[name], "data.mdb"), os.path.join(target, "data.mdb"))
-        self.files = open_index(_files_dir(self.path))
-        self.shards = [open_index(_shard_dir(self.path, s)) for s in range(len(self.shards))]
+        self.files = open_index(FileTable, _files_dir(self.path))
+        self.shards = [open_index(KeyShard, _shard_dir(self.path, s)) for s in range(len(self.shards))]
 
     def __repr__(self) -> str:
         return f"ShardedIndex({self.path!r}, {len(self.shards)} shards)"
@@ -318,7 +328,7 @@ class ShardedIndex:
 class IndexSnapshot:
     """Read transactions on every environment of an index: one consistent state to copy."""
 
-    def __init__(self, txns: Mapping[str, tuple[KeyIndex, Any]]):
+    def __init__(self, txns: Mapping[str, tuple[IndexEnvironment, Any]]):
         self._txns = dict(txns)
 
     def copy_to(self, folder: str) -> dict[str, str]:
@@ -363,15 +373,17 @@ def _prepare(path: str) -> str:
 
 def open_sharded(path: str, shards: int = SHARDS) -> ShardedIndex:
     """The sharded index at `path` (created when absent). Each environment is the process's
-    cached `KeyIndex` (`open_index`), which also answers a damaged one with an empty one."""
+    cached environment (`open_index`), which also answers a damaged one with an empty one."""
     path = _prepare(path)
-    return ShardedIndex(path, [open_index(_shard_dir(path, s)) for s in range(shards)], open_index(_files_dir(path)))
+    return ShardedIndex(path, [open_index(KeyShard, _shard_dir(path, s)) for s in range(shards)], open_index(FileTable, _files_dir(path)))
 
 
 def reopen_empty_sharded(path: str, shards: int = SHARDS) -> ShardedIndex:
     """Every environment of the index at `path` deleted and opened empty (for a rebuild)."""
     path = _prepare(path)
-    return ShardedIndex(path, [reopen_empty(_shard_dir(path, s)) for s in range(shards)], reopen_empty(_files_dir(path)))
+    return ShardedIndex(
+        path, [reopen_empty(KeyShard, _shard_dir(path, s)) for s in range(shards)], reopen_empty(FileTable, _files_dir(path))
+    )
 
 
 def environment_paths(path: str, shards: int = SHARDS) -> list[str]:

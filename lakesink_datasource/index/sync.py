@@ -41,10 +41,10 @@ from pyiceberg.table.snapshots import Operation, Snapshot
 
 from lakesink_datasource.iceberg.history import snapshots_after
 from lakesink_datasource.iceberg.summary_keys import HOSTS, TASK_ATTEMPTS, WRITE_ID
+from lakesink_datasource.index.environment import IndexState
 from lakesink_datasource.index.follow_changes import CannotFollow, follow_changes
 from lakesink_datasource.index.follow_compaction import fold_moves, fold_needed, follow_compaction
 from lakesink_datasource.index.key_columns import KeyColumns
-from lakesink_datasource.index.key_index import IndexState
 from lakesink_datasource.index.owner import owner_digest, task_attempt_of, token_for, write_of
 from lakesink_datasource.index.reindex import StoredTombstones, floor_lifted, index_state, rebuild
 from lakesink_datasource.index.sharded_index import ShardedIndex

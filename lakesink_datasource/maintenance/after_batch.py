@@ -58,7 +58,9 @@ def maintain_after_commit(
             min_files=compaction_min_files(settings, batch_files),
         )
         if result.snapshot_id is not None:
-            log.info("lakesink: compaction after batch %s: %s in %.3f s", batch_id, result.describe(), result.seconds)
+            log.info("lakesink: compaction after batch %s: %s in %.3f s", batch_id, result.describe(), result.seconds,
+                     extra={"lakesink_event": {"event": "compaction", "batch": batch_id, "seconds": result.seconds,
+                                               "snapshot_id": result.snapshot_id}})
         elif result.skipped_reason not in (None, "nothing to compact"):
             log.info("lakesink: compaction after batch %s skipped: %s", batch_id, result.describe())
         if result.snapshot_id is not None:

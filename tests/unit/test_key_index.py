@@ -1,4 +1,5 @@
-"""The LMDB primary-key index against real LMDB environments in temporary directories."""
+"""The key index's environments (a key shard, the file table) against real LMDB
+environments in temporary directories."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from hypothesis import strategies as st
 from hypothesis_profiles import examples
 from index_model import KEYS, TOKENS, check_against_model, operation, run_workers
 
-from lakesink_datasource.index.key_index import IndexState, KeyIndex, drop_index, open_index
+from lakesink_datasource.index.environment import IndexState, drop_index, open_index
+from lakesink_datasource.index.file_table import FileTable
+from lakesink_datasource.index.key_shard import KeyShard
 from lakesink_datasource.index.location_codec import (
     Found,
     Location,
@@ -27,8 +30,8 @@ from lakesink_datasource.index.location_codec import (
 
 
 @pytest.fixture
-def index(tmp_path: Path) -> Iterator[KeyIndex]:
-    ix = open_index(str(tmp_path / "table-uuid"))
+def index(tmp_path: Path) -> Iterator[KeyShard]:
+    ix = open_index(KeyShard, str(tmp_path / "table-uuid"))
     yield ix
     drop_index(ix.path)
 
@@ -37,7 +40,7 @@ def key(i: int) -> bytes:
     return b"key-%06d" % i
 
 
-def snapshot(ix: KeyIndex, keys: list[bytes]) -> dict[bytes, Location]:
+def snapshot(ix: KeyShard, keys: list[bytes]) -> dict[bytes, Location]:
     """The mapping restricted to `keys` (the index has no full scan API)."""
     return {k: loc for k, loc in zip(keys, ix.lookup(keys)) if loc is not None}
 
@@ -45,7 +48,7 @@ def snapshot(ix: KeyIndex, keys: list[bytes]) -> dict[bytes, Location]:
 # ----------------------------------------------------------------------- basic mapping
 
 
-def test_lookup_after_apply_returns_input_order(index: KeyIndex) -> None:
+def test_lookup_after_apply_returns_input_order(index: KeyShard) -> None:
     puts = [(key(i), Location(i % 3, i * 10)) for i in range(50)]
     index.apply("q/0/0", puts, [])
     probe = [key(7), b"missing", key(0), key(7), key(49)]
@@ -54,7 +57,7 @@ def test_lookup_after_apply_returns_input_order(index: KeyIndex) -> None:
     assert index.lookup([]) == []
 
 
-def test_sequence_round_trips_and_empty_differs_from_none(index: KeyIndex) -> None:
+def test_sequence_round_trips_and_empty_differs_from_none(index: KeyShard) -> None:
     index.apply("t", [(b"a", Location(1, 2, None)), (b"b", Location(1, 3, b"")), (b"c", Location(4, 2**63, b"\x00\xff"))], [])
     assert index.lookup([b"a", b"b", b"c"]) == [Location(1, 2, None), Location(1, 3, b""), Location(4, 2**63, b"\x00\xff")]
 
@@ -97,14 +100,14 @@ def test_decode_locations_matches_unpacking_one_at_a_time(entries: list, width: 
         assert sequences is None
 
 
-def test_deletes_and_last_put_wins_within_one_apply(index: KeyIndex) -> None:
+def test_deletes_and_last_put_wins_within_one_apply(index: KeyShard) -> None:
     index.apply("t1", [(b"a", Location(0, 1)), (b"b", Location(0, 2))], [])
     index.apply("t2", [(b"a", Location(1, 1)), (b"a", Location(1, 9)), (b"b", Location(1, 2))], [b"b", b"never"])
     assert index.lookup([b"a", b"b", b"never"]) == [Location(1, 9), None, None]
     assert index.count() == 1
 
 
-def test_long_keys_beyond_lmdb_limit_are_distinct(index: KeyIndex) -> None:
+def test_long_keys_beyond_lmdb_limit_are_distinct(index: KeyShard) -> None:
     prefix = b"x" * 2000
     long_keys = [prefix + bytes([i]) for i in range(5)] + [b"y" * 511, b"y" * 510]
     index.apply("t", [(k, Location(0, i)) for i, k in enumerate(long_keys)], [])
@@ -120,7 +123,7 @@ def test_long_keys_beyond_lmdb_limit_are_distinct(index: KeyIndex) -> None:
 
 def test_file_ordinals_are_idempotent_and_persist(tmp_path: Path) -> None:
     path = str(tmp_path / "idx")
-    ix = open_index(path)
+    ix = open_index(FileTable, path)
     assert ix.file_ordinal("s3://b/f0.parquet") == 0
     assert ix.file_ordinals(["s3://b/f1.parquet", "s3://b/f0.parquet", "s3://b/f1.parquet", "s3://b/f2.parquet"]) == [1, 0, 1, 2]
     long_path = "s3://b/" + "p=" * 400 + "f.parquet"
@@ -129,7 +132,7 @@ def test_file_ordinals_are_idempotent_and_persist(tmp_path: Path) -> None:
     with pytest.raises(KeyError):
         ix.file_path(99)
     ix.close()
-    reopened = open_index(path)
+    reopened = open_index(FileTable, path)
     assert reopened is not ix
     assert reopened.file_ordinals([long_path, "s3://b/f1.parquet", "s3://b/new"]) == [3, 1, 4]
     assert reopened.file_path(3) == long_path
@@ -139,8 +142,8 @@ def test_file_ordinals_are_idempotent_and_persist(tmp_path: Path) -> None:
 
 def test_open_index_is_cached_per_process(tmp_path: Path) -> None:
     path = tmp_path / "idx"
-    ix = open_index(str(path))
-    assert open_index(str(path / ".." / "idx")) is ix  # keyed by absolute path
+    ix = open_index(KeyShard, str(path))
+    assert open_index(KeyShard, str(path / ".." / "idx")) is ix  # keyed by absolute path
     drop_index(str(path))
     assert ix.closed
 
@@ -148,7 +151,7 @@ def test_open_index_is_cached_per_process(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------- undo / tokens
 
 
-def test_rollback_restores_previous_mapping(index: KeyIndex) -> None:
+def test_rollback_restores_previous_mapping(index: KeyShard) -> None:
     keys = [key(i) for i in range(20)]
     index.apply("q/0/0", [(k, Location(0, i)) for i, k in enumerate(keys[:10])], [])
     index.commit_tokens(["q/0/0"])
@@ -165,7 +168,7 @@ def test_rollback_restores_previous_mapping(index: KeyIndex) -> None:
     assert index.pending_tokens() == []
 
 
-def test_key_touched_twice_under_one_token_rolls_back_to_pre_token_value(index: KeyIndex) -> None:
+def test_key_touched_twice_under_one_token_rolls_back_to_pre_token_value(index: KeyShard) -> None:
     index.apply("old", [(b"k", Location(0, 0)), (b"gone", Location(0, 1))], [])
     index.commit_tokens(["old"])
     # Two Arrow batches of one task share the token.
@@ -176,7 +179,7 @@ def test_key_touched_twice_under_one_token_rolls_back_to_pre_token_value(index: 
     assert index.lookup([b"k", b"gone", b"new"]) == [Location(0, 0), Location(0, 1), None]
 
 
-def test_commit_drops_undo_so_rollback_is_a_no_op(index: KeyIndex) -> None:
+def test_commit_drops_undo_so_rollback_is_a_no_op(index: KeyShard) -> None:
     index.apply("a", [(b"k", Location(0, 0))], [])
     index.apply("b", [(b"k", Location(1, 0))], [])
     index.commit_tokens(["a", "b", "unknown"])
@@ -188,7 +191,7 @@ def test_commit_drops_undo_so_rollback_is_a_no_op(index: KeyIndex) -> None:
         assert txn.stat(index._undo)["entries"] == 0
 
 
-def test_rollback_does_not_clobber_a_later_surviving_write(index: KeyIndex) -> None:
+def test_rollback_does_not_clobber_a_later_surviving_write(index: KeyShard) -> None:
     # A failed attempt's token is rolled back after a retry overwrote the same key and
     # was committed: the retry's value must survive.
     index.apply("attempt-0", [(b"k", Location(1, 0))], [])
@@ -198,7 +201,7 @@ def test_rollback_does_not_clobber_a_later_surviving_write(index: KeyIndex) -> N
     assert index.lookup([b"k"]) == [Location(2, 0)]
 
 
-def test_large_apply_spans_several_undo_chunks(index: KeyIndex) -> None:
+def test_large_apply_spans_several_undo_chunks(index: KeyShard) -> None:
     n = 60_000  # more records than fit in one undo chunk
     keys = [key(i) for i in range(n)]
     index.apply("base", [(k, Location(0, i)) for i, k in enumerate(keys[::2])], [])
@@ -211,7 +214,7 @@ def test_large_apply_spans_several_undo_chunks(index: KeyIndex) -> None:
     assert snapshot(index, keys) == before
 
 
-def test_empty_apply_still_registers_the_token(index: KeyIndex) -> None:
+def test_empty_apply_still_registers_the_token(index: KeyShard) -> None:
     index.apply("noop", [], [b"absent"])
     assert index.pending_tokens() == ["noop"]
     index.commit_tokens(["noop"])
@@ -223,7 +226,7 @@ def test_empty_apply_still_registers_the_token(index: KeyIndex) -> None:
 @settings(max_examples=examples(150), deadline=None)
 @given(ops=st.lists(operation, max_size=25))
 def test_random_applies_commits_and_rollbacks_match_dict_model(tmp_path_factory: pytest.TempPathFactory, ops: list) -> None:
-    ix = open_index(str(tmp_path_factory.mktemp("model")))
+    ix = open_index(KeyShard, str(tmp_path_factory.mktemp("model")))
     try:
         check_against_model(ix, ops)
     finally:
@@ -243,7 +246,7 @@ def test_rolling_back_every_pending_token_restores_the_committed_state(
 ) -> None:
     # The operational case: a failed batch rolls back everything it applied, however
     # its tokens interleaved, and the index is exactly as it was before the batch.
-    ix = open_index(str(tmp_path_factory.mktemp("batch")))
+    ix = open_index(KeyShard, str(tmp_path_factory.mktemp("batch")))
     try:
         ix.apply("base", [(k, Location(0, v)) for k, v in base.items()], [])
         ix.commit_tokens(["base"])
@@ -258,7 +261,7 @@ def test_rolling_back_every_pending_token_restores_the_committed_state(
 # -------------------------------------------------------------------------------- state
 
 
-def test_state_round_trips_and_commits_with_tokens(index: KeyIndex) -> None:
+def test_state_round_trips_and_commits_with_tokens(index: KeyShard) -> None:
     assert index.get_state() is None
     state = IndexState(table_uuid="3f0c", snapshot_id=42, query_id=None, batch_id=None)
     index.set_state(state)
@@ -270,24 +273,30 @@ def test_state_round_trips_and_commits_with_tokens(index: KeyIndex) -> None:
     assert index.pending_tokens() == []
 
 
-def test_clear_drops_everything(index: KeyIndex) -> None:
-    index.apply("t", [(b"k", Location(index.file_ordinal("f"), 0))], [])
+def test_clear_drops_everything(index: KeyShard, tmp_path: Path) -> None:
+    index.apply("t", [(b"k", Location(0, 0))], [])
     index.set_state(IndexState(table_uuid="u", snapshot_id=1))
     index.clear()
     assert index.count() == 0
     assert index.lookup([b"k"]) == [None]
     assert index.pending_tokens() == []
     assert index.get_state() is None
-    assert index.file_ordinal("other") == 0  # counters restart too
-    with pytest.raises(KeyError):
-        index.file_path(1)
+    files = open_index(FileTable, str(tmp_path / "files"))
+    try:
+        assert files.file_ordinals(["f", "g"]) == [0, 1]
+        files.clear()
+        assert files.file_ordinal("other") == 0  # counters restart too
+        with pytest.raises(KeyError):
+            files.file_path(1)
+    finally:
+        drop_index(files.path)
 
 
 # -------------------------------------------------------------------------- map growth
 
 
 def test_map_grows_when_full(tmp_path: Path) -> None:
-    ix = open_index(str(tmp_path / "tiny"), map_size=64 * 1024)
+    ix = open_index(KeyShard, str(tmp_path / "tiny"), map_size=64 * 1024)
     try:
         start = ix._env.info()["map_size"]
         n = 20_000
@@ -309,21 +318,25 @@ SHARED_PATHS = [f"s3://bucket/shared-{i}.parquet" for i in range(20)]
 
 def _child_writes(path: str, n: int, worker: int) -> None:
     """Runs in a spawned process: its own LMDB handle on the shared directory."""
-    ix = open_index(path, map_size=64 * 1024)  # small: forces map growth across processes
-    own = ix.file_ordinal(f"s3://bucket/own-{worker}.parquet")
-    shared = ix.file_ordinals(SHARED_PATHS[worker::2] + SHARED_PATHS)
+    files = open_index(FileTable, f"{path}/files", map_size=64 * 1024)  # small: forces map growth across processes
+    ix = open_index(KeyShard, f"{path}/keys", map_size=64 * 1024)
+    own = files.file_ordinal(f"s3://bucket/own-{worker}.parquet")
+    shared = files.file_ordinals(SHARED_PATHS[worker::2] + SHARED_PATHS)
     for chunk in range(4):
         puts = [(b"w%d-%06d" % (worker, i), Location(own, i)) for i in range(chunk * n // 4, (chunk + 1) * n // 4)]
         ix.apply(f"q/0/{worker}", puts, [])
         ix.lookup([k for k, _ in puts])
     ix.apply(f"q/0/{worker}", [(b"ordinal-%d" % worker, Location(shared[0], 0))], [])
     ix.close()
+    files.close()
 
 
 @pytest.mark.child
 def test_two_processes_write_the_same_index(tmp_path: Path) -> None:
     path = str(tmp_path / "shared")
-    parent = open_index(path)  # the parent keeps a handle open the whole time too
+    os.makedirs(path)
+    parent = open_index(KeyShard, f"{path}/keys")  # the parent keeps handles open the whole time too
+    files = open_index(FileTable, f"{path}/files")
     n = 8_000
     run_workers(_child_writes, path, n, timeout=120)
     try:
@@ -331,22 +344,23 @@ def test_two_processes_write_the_same_index(tmp_path: Path) -> None:
         assert sorted(parent.pending_tokens()) == ["q/0/0", "q/0/1"]
         for worker in range(2):
             locations = parent.lookup([b"w%d-%06d" % (worker, i) for i in range(n)])
-            own = parent.file_ordinal(f"s3://bucket/own-{worker}.parquet")
+            own = files.file_ordinal(f"s3://bucket/own-{worker}.parquet")
             assert locations == [Location(own, i) for i in range(n)]
         # Ordinals were assigned atomically: 22 distinct paths, 22 distinct ordinals.
-        ordinals = parent.file_ordinals(SHARED_PATHS + [f"s3://bucket/own-{w}.parquet" for w in range(2)])
+        ordinals = files.file_ordinals(SHARED_PATHS + [f"s3://bucket/own-{w}.parquet" for w in range(2)])
         assert sorted(ordinals) == list(range(22))
-        assert [parent.file_path(o) for o in ordinals[:20]] == SHARED_PATHS
+        assert [files.file_path(o) for o in ordinals[:20]] == SHARED_PATHS
         first_shared = parent.lookup([b"ordinal-0", b"ordinal-1"])
-        assert first_shared[0].file_ordinal == parent.file_ordinal(SHARED_PATHS[0])
-        assert first_shared[1].file_ordinal == parent.file_ordinal(SHARED_PATHS[1])
+        assert first_shared[0].file_ordinal == files.file_ordinal(SHARED_PATHS[0])
+        assert first_shared[1].file_ordinal == files.file_ordinal(SHARED_PATHS[1])
         parent.rollback_tokens(["q/0/0"])
         assert parent.count() == n + 1
     finally:
-        drop_index(path)
+        drop_index(f"{path}/keys")
+        drop_index(f"{path}/files")
 
 
-def test_a_sequence_too_long_for_the_undo_log_is_refused_by_every_packer(index: KeyIndex) -> None:
+def test_a_sequence_too_long_for_the_undo_log_is_refused_by_every_packer(index: KeyShard) -> None:
     """Undo records store value lengths as u16: one sequence value too long must fail the
     write, whether it comes one at a time, in bulk from a task, or from a catch-up."""
     import numpy as np
@@ -395,22 +409,35 @@ _WRITE_SAMPLE = """
 import json, sys
 import lmdb
 import numpy as np
-import lakesink_datasource.index.key_index as ki
-try:
-    from lakesink_datasource.index import location_codec as codec
-except ImportError:  # before the split the codec lived in key_index
-    codec = ki
 path = sys.argv[1]
-ix = ki.open_index(path)
-ix.file_ordinals(["s3://b/t/data/a.parquet", "s3://b/t/data/b.parquet"])
+paths = ["s3://b/t/data/a.parquet", "s3://b/t/data/b.parquet", "s3://b/t/data/c.parquet"]
+try:  # since the split by role: the file table and a key shard, one environment here
+    from lakesink_datasource.index import environment as module, location_codec as codec
+    from lakesink_datasource.index.file_table import FileTable
+    from lakesink_datasource.index.key_shard import KeyShard
+    files = module.open_index(FileTable, path)
+    files.file_ordinals(paths)  # c too: the old code assigned it inside transact
+    files.put_move_maps({0: np.array([(1 << 32) | 3, -1], dtype=np.int64)}, map_only=[1])
+    files.close()
+    ix = module.open_index(KeyShard, path)
+    ordinal_of = paths.index
+except ImportError:  # the one KeyIndex of both roles
+    import lakesink_datasource.index.key_index as module
+    codec = module
+    ix = module.open_index(path)
+    ix.file_ordinals(paths[:2])
+    ordinal_of = None
 ix.apply("q/0/0", [(b"k1", codec.Location(0, 1)), (b"k2", codec.Location(1, 2, b"\\x00\\x01"))], [])
 ix.apply("q/0/1", [(b"k1", codec.Location(1, 7, b""))], [b"k2"])
 ix.apply_packed("q/1/0", [b"k3", b"x" * 600], codec.pack_positions(1, np.array([3, 4], dtype=np.uint64), [b"s1", None]))
-ix.commit_tokens(["q/0/0"], ki.IndexState("uuid", snapshot_id=5, sequence_number=2))
+ix.commit_tokens(["q/0/0"], module.IndexState("uuid", snapshot_id=5, sequence_number=2))
 def decide(found, ordinal_of):
     return np.array([1, 0]), [codec.pack_location(codec.Location(ordinal_of("s3://b/t/data/c.parquet"), 9)), None]
-ix.transact("w" * 600, [b"k1", b"k4"], decide)
-ix.put_move_maps({0: np.array([(1 << 32) | 3, -1], dtype=np.int64)}, map_only=[1])
+if ordinal_of is None:
+    ix.transact("w" * 600, [b"k1", b"k4"], decide)
+    ix.put_move_maps({0: np.array([(1 << 32) | 3, -1], dtype=np.int64)}, map_only=[1])
+else:
+    ix.transact("w" * 600, [b"k1", b"k4"], decide, ordinal_of)
 ix.set_last_published(2)
 ix.begin_catch_up("snap-9")
 ix.close()
@@ -420,7 +447,7 @@ with env.begin() as txn:
     for name, _ in txn.cursor():
         db = env.open_db(name, txn=txn, create=False)
         dump[name.hex()] = [[k.hex(), v.hex()] for k, v in txn.cursor(db=db)]
-print(json.dumps({"module": ki.__file__, "dump": dump}))
+print(json.dumps({"module": module.__file__, "dump": dump}))
 """
 
 
@@ -459,16 +486,19 @@ def test_an_index_written_before_the_split_opens_without_a_rebuild(tmp_path: Pat
 
     path = str(tmp_path / "before")
     inode = os.stat(os.path.join(path, "data.mdb")).st_ino
-    ix = open_index(path)
+    files = open_index(FileTable, path)  # each role in turn: one handle per process
     try:
-        assert ix.inode == inode  # opened as it is, not removed and started empty
+        assert files.inode == inode  # opened as it is, not removed and started empty
+        assert [files.file_path(o) for o in range(3)] == [f"s3://b/t/data/{n}.parquet" for n in "abc"]
+        assert files.file_ordinal("s3://b/t/data/d.parquet") == 3  # the ordinal counter carried over
+        with files.move_maps() as maps:
+            assert {o: m.tolist() for o, m in maps.items()} == {0: [(1 << 32) | 3, -1]}
+        assert files.map_only_ordinals([0, 1]) == {1}
+        files.close()
+        ix = open_index(KeyShard, path)
         assert ix.get_state() == IndexState("uuid", snapshot_id=5, sequence_number=2)
         assert ix.catch_up_under_way() == "snap-9"
         assert ix.last_published() == 2
-        assert [ix.file_path(o) for o in range(3)] == [f"s3://b/t/data/{n}.parquet" for n in "abc"]
-        with ix.move_maps() as maps:
-            assert {o: m.tolist() for o, m in maps.items()} == {0: [(1 << 32) | 3, -1]}
-        assert ix.map_only_ordinals([0, 1]) == {1}
         probe = [b"k1", b"k2", b"k3", b"x" * 600, b"k4"]
         assert ix.lookup(probe) == [None, None, Location(1, 3, b"s1"), Location(1, 4), Location(2, 9)]
         # The old undo records (a hashed token key among them) roll back under the new code.
@@ -480,7 +510,7 @@ def test_an_index_written_before_the_split_opens_without_a_rebuild(tmp_path: Pat
         drop_index(path)
 
 
-def test_the_on_disk_encoding_is_the_one_before_the_split(index: KeyIndex) -> None:
+def test_the_on_disk_encoding_is_the_one_before_the_split(index: KeyShard) -> None:
     """The bytes below were printed by the code of commit 965ce97 (before key_index.py was
     split) for the same calls; this holds where that commit's history is not at hand."""
     assert pack_location(Location(3, 2**40 + 5, b"\x80\x00")) == b"\x03\x00\x00\x00\x05\x00\x00\x00\x00\x01\x00\x00\x01\x80\x00"

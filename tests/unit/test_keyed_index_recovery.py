@@ -48,7 +48,7 @@ from lakesink_datasource.iceberg.manifests import data_file_first_row_id, read_e
 from lakesink_datasource.iceberg.partition_key import encode_partition
 from lakesink_datasource.iceberg.row_lineage import FIELD_ID_KEY, ROW_ID, ROW_ID_FIELD_ID, row_ids
 from lakesink_datasource.iceberg.summary import ChangeCounts, build_summary
-from lakesink_datasource.index import key_index
+from lakesink_datasource.index import environment
 from lakesink_datasource.index.sharded_index import open_sharded
 from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
 from lakesink_datasource.messages import DataFileMessage
@@ -706,7 +706,7 @@ def test_a_damaged_index_is_rebuilt_from_the_table_and_results_stay_exact(kind: 
         # The shard holding most keys (all shards are damaged alike; one is enough to need a rebuild).
         data = max(glob.glob(os.path.join(path, "shard-*", "data.mdb")), key=os.path.getsize)
         if kind == "random-bytes":
-            for name, index in list(key_index._CACHE.items()):
+            for name, index in list(environment._CACHE.items()):
                 if name.startswith(os.path.abspath(harness.index_dir)):
                     index.close()
             size = os.path.getsize(data)
@@ -718,10 +718,10 @@ def test_a_damaged_index_is_rebuilt_from_the_table_and_results_stay_exact(kind: 
         elif kind == "file-table-deleted":
             # The shards keep their keys; the ordinals they point at are gone with the table.
             files = os.path.join(path, "files")
-            key_index._CACHE.pop(files).close()
+            environment._CACHE.pop(files).close()
             shutil.rmtree(files)
         else:
-            for name, index in list(key_index._CACHE.items()):
+            for name, index in list(environment._CACHE.items()):
                 if name.startswith(os.path.abspath(harness.index_dir)):
                     index.close()
             shutil.rmtree(path)

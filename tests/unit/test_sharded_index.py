@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from hypothesis_profiles import examples
 from index_model import check_against_model, operation, run_workers
 
+from lakesink_datasource.index.environment import IndexState
 from lakesink_datasource.index.key_encoding import encode_keys, key_hashes
-from lakesink_datasource.index.key_index import IndexState
 from lakesink_datasource.index.location_codec import Found, Location, pack_positions
 from lakesink_datasource.index.sharded_index import SHARDS, drop_sharded, open_sharded
 
@@ -85,10 +85,11 @@ def test_state_is_reported_only_when_every_shard_agrees(tmp_path: Path) -> None:
 
 
 def test_the_one_environment_layout_is_replaced(tmp_path: Path) -> None:
-    from lakesink_datasource.index.key_index import drop_index, open_index
+    from lakesink_datasource.index.environment import drop_index, open_index
+    from lakesink_datasource.index.key_shard import KeyShard
 
     path = str(tmp_path / "idx")
-    old = open_index(path)
+    old = open_index(KeyShard, path)
     old.apply("t", [(b"k", Location(1, 2))], [])
     old.close()
     ix = open_sharded(path)

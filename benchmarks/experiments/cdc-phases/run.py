@@ -1,4 +1,5 @@
-"""Where a CDC batch of scenario 5 goes through Spark: python benchmarks/experiments/cdc-phases/run.py [batches [out.json]].
+"""Where a CDC batch of scenario 5 goes through Spark: PYTHONPATH=. python benchmarks/experiments/cdc-phases/run.py [batches [out.json]]
+(from the checkout's root: it imports the `benchmarks` package).
 
 Same data as scenario 5 (1M rows, then batches of 100K changes: 70% updates, 20% inserts,
 10% deletes, sequence column; the input cached and repartitioned by key before the timing),
@@ -18,12 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks import harness  # noqa: E402
-from benchmarks.cdc_data import cdc_batches  # noqa: E402
-from benchmarks.keyed_scenarios import arrow_rows  # noqa: E402
+from benchmarks import harness
+from benchmarks.cdc_data import cdc_batches
+from benchmarks.keyed_scenarios import arrow_rows
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 """Scenario 4's upsert next to Spark's floor, with lakesink's tasks taken apart:
-python benchmarks/experiments/keyed-floor/floor_upsert.py [table rows [repetitions]]
+PYTHONPATH=. python benchmarks/experiments/keyed-floor/floor_upsert.py [table rows [repetitions]]
+(from the checkout's root: it imports the `benchmarks` package)
 
 Builds a table of `table rows` (default 1M) with operation=upsert and a delta-rs table of
 the same rows, then per repetition one batch of 100K rows (half updates of random keys,
@@ -22,11 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks import harness  # noqa: E402
-from benchmarks.keyed_scenarios import arrow_rows, delta_engine, save_df, upsert_batch  # noqa: E402
+from benchmarks import harness
+from benchmarks.keyed_scenarios import arrow_rows, delta_engine, save_df, upsert_batch
 
 
 def main() -> None:
