@@ -65,9 +65,9 @@ class LakeSinkDataSource(DataSource):
         from lakesink_datasource.schema.iceberg_to_spark import iceberg_to_spark
 
         options = parse_read_options(read_subset(self.options))
-        meta = metadata_tables.resolve(options)
-        if meta is not None:
-            return metadata_tables.spark_schema(meta)
+        meta_schema = metadata_tables.resolve_schema(options)
+        if meta_schema is not None:
+            return metadata_tables.spark_schema(meta_schema)
         try:
             state = resolve_state(options)
         except NoSuchTable as exc:

@@ -117,19 +117,22 @@ def _data_file(f: DataFile, partition_names: list[str]) -> dict[str, Any]:
     }
 
 
-def entries(table: Table) -> pa.Table:
-    """Every manifest entry of the current snapshot's manifests (empty without a snapshot)."""
-    metadata = table.metadata
-    columns = _metric_columns(table)
-    partition = schema_to_pyarrow(metadata.specs_struct())
-    schema = pa.schema([
+def entries_schema(table: Table) -> pa.Schema:
+    partition = schema_to_pyarrow(table.metadata.specs_struct())
+    return pa.schema([
         pa.field("status", pa.int8(), nullable=False),
         pa.field("snapshot_id", pa.int64()),
         pa.field("sequence_number", pa.int64()),
         pa.field("file_sequence_number", pa.int64()),
         pa.field("data_file", _data_file_type(partition), nullable=False),
-        pa.field("readable_metrics", _metrics_type(columns)),
+        pa.field("readable_metrics", _metrics_type(_metric_columns(table))),
     ])
+
+
+def entries(table: Table) -> pa.Table:
+    """Every manifest entry of the current snapshot's manifests (empty without a snapshot)."""
+    metadata = table.metadata
+    columns = _metric_columns(table)
     snapshot = metadata.current_snapshot()
     rows = []
     specs = metadata.specs()
@@ -144,4 +147,4 @@ def entries(table: Table) -> pa.Table:
                 "data_file": _data_file(entry.data_file, names),
                 "readable_metrics": _readable(columns, entry.data_file),
             })
-    return pa.Table.from_pylist(rows, schema=schema)
+    return pa.Table.from_pylist(rows, schema=entries_schema(table))

@@ -49,6 +49,38 @@ def split_identifier(identifier: str) -> tuple[str, str] | None:
 def resolve(options: ReadOptions) -> pa.Table | None:
     """The metadata table the read names, or None when it names a table (a table whose name
     happens to end in `.snapshots` wins over the metadata table of its namespace's table)."""
+    named = _named(options)
+    return None if named is None else metadata_table(*named)
+
+
+def resolve_schema(options: ReadOptions) -> pa.Schema | None:
+    """The columns of the metadata table the read names (None: it names a table), without
+    reading the manifests where the columns do not depend on them: Spark asks for the
+    schema in one process and reads in another, so the rows would be built twice."""
+    named = _named(options)
+    if named is None:
+        return None
+    table, name = named
+    if name == LAKESINK_HISTORY:
+        return LAKESINK_HISTORY_SCHEMA
+    if name == "entries":
+        return entries_table.entries_schema(table)
+    if name in _BUILT_EMPTY_WITHOUT_SNAPSHOT:
+        return metadata_table(_without_snapshot(table), name).schema
+    return metadata_table(table, name).schema  # from the metadata file alone, or cheap enough
+
+
+# pyiceberg builds these as an empty table of the same columns when the table has no
+# current snapshot (the columns depend on the schema and specs only).
+_BUILT_EMPTY_WITHOUT_SNAPSHOT = ("files", "data_files", "delete_files", "manifests")
+
+
+def _without_snapshot(table: Table) -> Table:
+    metadata = table.metadata.model_copy(update={"current_snapshot_id": None, "refs": {}})
+    return Table(table.name(), metadata, table.metadata_location, table.io, table.catalog)
+
+
+def _named(options: ReadOptions) -> tuple[Table, str] | None:
     parts = split_identifier(options.table)
     if parts is None:
         return None
@@ -65,7 +97,7 @@ def resolve(options: ReadOptions) -> pa.Table | None:
             f"metadata table {options.table} shows the table's current metadata (every retained snapshot, ref and "
             f"file): drop option(s) {', '.join(map(repr, given + list(options.range_options)))}"
         )
-    return metadata_table(load_table(msgspec.structs.replace(options, table=base)), name)
+    return load_table(msgspec.structs.replace(options, table=base)), name
 
 
 def metadata_table(table: Table, name: str) -> pa.Table:
@@ -197,7 +229,7 @@ def _to_ipc(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def spark_schema(table: pa.Table) -> StructType:
+def spark_schema(schema: pa.Schema) -> StructType:
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    return from_arrow_schema(table.schema)
+    return from_arrow_schema(schema)

@@ -11,7 +11,8 @@ from lakesink_testing import load
 
 from lakesink_datasource.maintain import maintain_table
 from lakesink_datasource.options import OptionError
-from lakesink_datasource.read.metadata_tables import ICEBERG_TABLES
+from lakesink_datasource.read.metadata_tables import ICEBERG_TABLES, METADATA_TABLES, resolve, resolve_schema
+from lakesink_datasource.read.options import parse_read_options
 
 
 @pytest.fixture
@@ -93,3 +94,13 @@ def test_entries_show_deletion_vectors_and_row_lineage(spark, upserted: str) -> 
     # Row lineage: every data file owns its own range of row ids
     ranges = sorted((f.first_row_id, f.first_row_id + f.record_count) for f in data)
     assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(ranges))
+
+
+@pytest.mark.parametrize("name", METADATA_TABLES)
+def test_each_metadata_table_s_columns_are_known_without_building_it(upserted: str, name: str) -> None:
+    """Spark asks for the columns in one process and reads in another: the columns given
+    first are exactly those of the table built later."""
+    options = parse_read_options({"table": f"db.t.{name}", "warehouse": upserted})
+    built = resolve(options)
+    assert built is not None and built.num_rows > 0
+    assert resolve_schema(options) == built.schema
