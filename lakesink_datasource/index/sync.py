@@ -3,7 +3,8 @@
 The index is a cache of the table, never the source of truth. It records the snapshot it
 reflects (`IndexState`); changes of a batch in flight are kept under undo tokens
 `<write id>/<host>/<task>/<attempt>` until the table shows whether that batch committed.
-Before a task uses the index (holding every shard's host lock, so once per host and batch):
+Before a task uses the index (holding every shard's host lock, so once per host and batch;
+the tokens' part is `tokens.py`):
 
 1. tokens of an earlier attempt of this very task are rolled back (a retried task must not
    see its failed attempt's rows);
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyiceberg.io import FileIO
@@ -40,14 +41,19 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Snapshot
 
 from lakesink_datasource.iceberg.history import snapshots_after
-from lakesink_datasource.iceberg.summary_keys import HOSTS, TASK_ATTEMPTS, WRITE_ID
 from lakesink_datasource.index.environment import IndexState
 from lakesink_datasource.index.follow_changes import CannotFollow, follow_changes
 from lakesink_datasource.index.follow_compaction import fold_moves, fold_needed, follow_compaction
 from lakesink_datasource.index.key_columns import KeyColumns
-from lakesink_datasource.index.owner import owner_digest, task_attempt_of, token_for, write_of
+from lakesink_datasource.index.owner import owner_digest
 from lakesink_datasource.index.reindex import StoredTombstones, floor_lifted, index_state, rebuild
 from lakesink_datasource.index.sharded_index import ShardedIndex
+from lakesink_datasource.index.tokens import (
+    committed_writes,
+    roll_back_earlier_attempts,
+    roll_back_uncommitted,
+    settle_own_part,
+)
 
 log = logging.getLogger("lakesink")
 
@@ -92,16 +98,13 @@ def sync(
     """Make `index` reflect `metadata`'s current snapshot plus the current write's own tokens.
     `stored`: the companion table's tombstones, read only if the index must be rebuilt.
     `fetch`: replaces the index with a published copy, when one fits, before a rebuild."""
-    mine = token_for(write_id, host, partition_id, attempt)
-    stale_attempts = [t for t in index.pending_tokens() if t != mine and t.startswith(f"{write_id}/{host}/{partition_id}/")]
-    if stale_attempts:
-        index.rollback_tokens(stale_attempts)
+    roll_back_earlier_attempts(index, write_id, host, partition_id, attempt)
     report = SyncReport()
     for _ in range(2):  # a second round after fetching a copy
         reason = _walk(index, io, metadata, columns, write_id, host, stored, report)
         if reason is None:
             return report
-        _rollback_uncommitted(index, write_id, committed=set())
+        roll_back_uncommitted(index, write_id, committed=set())
         started = time.perf_counter()
         report.snapshots = 0
         if fetch is not None and report.action != "fetched" and fetch(reason):
@@ -129,7 +132,7 @@ def _walk(
     if state is not None and state.tombstone_floor is not None and floor_lifted(stored):
         return "the stored tombstones it was built without can be read again"
     if state is not None and state.table_uuid == str(metadata.table_uuid) and state.snapshot_id == (target and target.snapshot_id):
-        _rollback_uncommitted(index, write_id, committed=set())
+        roll_back_uncommitted(index, write_id, committed=set())
         return None
     reason = _no_path_reason(state, metadata)
     path = _path_since(metadata, state) if reason is None and state is not None else None
@@ -138,30 +141,18 @@ def _walk(
     assert state is not None
     # Tokens of writes absent from the table's history never committed: undo them first, so
     # catch-up below works on committed state only.
-    _rollback_uncommitted(index, write_id, committed=_committed_writes(path))
+    roll_back_uncommitted(index, write_id, committed=committed_writes(path))
     pending = index.pending_tokens()
     catching_up = False
     for snapshot in path:
         report.snapshots += 1
         summary = snapshot.summary
-        props = summary.additional_properties if summary else {}
-        tokens = [t for t in pending if write_of(t) == props.get(WRITE_ID)]
-        hosts = set(filter(None, props.get(HOSTS, "").split(",")))
-        if tokens:
-            attempts = props.get(TASK_ATTEMPTS)
-            if attempts is not None:
-                # Attempts lost with their executor (another host ran the task again) never
-                # committed: only the attempts the snapshot lists did.
-                listed = set(attempts.split(","))
-                lost = [t for t in tokens if task_attempt_of(t) not in listed]
-                if lost:
-                    index.rollback_tokens(lost)
-                tokens = [t for t in tokens if task_attempt_of(t) in listed]
-            elif not hosts <= {host}:
-                return f"snapshot {snapshot.snapshot_id} is a batch of an earlier lakesink made on several hosts"
-            index.commit_tokens(tokens)  # this host's part of that batch is in the index already
-            if hosts <= {host}:
-                continue
+        own = settle_own_part(index, pending, snapshot, host)
+        if isinstance(own, str):
+            return own
+        if own.only_here:
+            continue  # the whole batch is in the index already
+        tokens = own.tokens
         if not catching_up:
             index.begin_catch_up(target_name)
             catching_up = True
@@ -200,14 +191,3 @@ def _path_since(metadata: TableMetadata, state: IndexState) -> list[Snapshot] | 
 
 def _catch_up_name(metadata: TableMetadata, target: Snapshot | None) -> str:
     return f"{metadata.table_uuid}/{target.snapshot_id if target else 'none'}"
-
-
-def _committed_writes(path: Iterable[Snapshot]) -> set[str]:
-    return {s.summary.additional_properties[WRITE_ID] for s in path if s.summary and WRITE_ID in s.summary.additional_properties}
-
-
-def _rollback_uncommitted(index: ShardedIndex, current_write: str, committed: set[str]) -> None:
-    """Undo tokens of writes that are neither the current one nor known to be committed."""
-    doomed = [t for t in index.pending_tokens() if write_of(t) not in committed and write_of(t) != current_write]
-    if doomed:
-        index.rollback_tokens(doomed)

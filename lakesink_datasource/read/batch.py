@@ -109,6 +109,10 @@ class LakeSinkRangeReader(DataSourceReader):
         per_snapshot = units_between(table.metadata, table.io, bounds[0], bounds[1].snapshot_id, options) if bounds else []
         self._partitions = unit_groups(table.metadata_location, per_snapshot, options.read_changes)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The tasks get their units in their partition: the reader need not carry them all.
+        return {**self.__dict__, "_partitions": []}
+
     def partitions(self) -> list[InputPartition]:
         return self._partitions or [InputPartition(None)]
 
