@@ -176,7 +176,19 @@ def main(argv: list[str] | None = None) -> int:
     lst = sub.add_parser("list", help="list the scenarios")
     lst.set_defaults(func=lambda a: [print(f"{s.id}\t{s.key}\t{s.title}") for s in __import__("benchmarks.scenarios", fromlist=["x"]).SCENARIOS] and 0)
     args = parser.parse_args(argv)
+    if args.command != "list" and (missing := _missing_bench_packages()):
+        # Checked before measuring: a run would otherwise fail at its plot or its delta-rs
+        # side after many minutes.
+        print(f"benchmarks: {', '.join(missing)} not installed; run: .venv/bin/python -m pip install -e '.[bench]'",
+              file=sys.stderr)
+        return 2
     return int(args.func(args) or 0)
+
+
+def _missing_bench_packages() -> list[str]:
+    import importlib.util
+
+    return [name for name in ("matplotlib", "deltalake") if importlib.util.find_spec(name) is None]
 
 
 if __name__ == "__main__":
