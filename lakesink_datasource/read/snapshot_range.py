@@ -37,17 +37,22 @@ def head_of(metadata: TableMetadata, options: ReadOptions) -> Snapshot | None:
     return metadata.snapshot_by_name(options.branch or "main")
 
 
+def _named_snapshot(metadata: TableMetadata, options: ReadOptions, option: str, snapshot_id: int) -> Snapshot:
+    snapshot = metadata.snapshot_by_id(snapshot_id)
+    if snapshot is None:
+        raise StreamReadError(
+            f"option '{option}' = {snapshot_id}: table {options.table} has no such snapshot (never existed or expired; "
+            f"{options.table}.snapshots lists the retained ones)"
+        )
+    return snapshot
+
+
 def range_start(metadata: TableMetadata, head: Snapshot | None, options: ReadOptions) -> RangeStart:
     """Where reading starts: `starting_snapshot_id` (its changes on), `starting_timestamp` (the
     first snapshot committed at or after it on), else the whole table as of the oldest
     retained snapshot, then every later snapshot's changes."""
     if options.starting_snapshot_id is not None:
-        start = metadata.snapshot_by_id(options.starting_snapshot_id)
-        if start is None:
-            raise StreamReadError(
-                f"option 'starting_snapshot_id' = {options.starting_snapshot_id}: table {options.table} has no such "
-                "snapshot (never existed or expired)"
-            )
+        start = _named_snapshot(metadata, options, "starting_snapshot_id", options.starting_snapshot_id)
         return RangeStart(start.parent_snapshot_id or NOTHING, False)
     if options.starting_timestamp_ms is not None:
         before = [s for s in snapshots_between(metadata, NOTHING, head.snapshot_id)
@@ -60,13 +65,7 @@ def range_end(metadata: TableMetadata, head: Snapshot | None, options: ReadOptio
     """The last snapshot a batch read of a range reads: `ending_snapshot_id`, the last one
     committed at or before `ending_timestamp`, else the head. None: nothing to read."""
     if options.ending_snapshot_id is not None:
-        end = metadata.snapshot_by_id(options.ending_snapshot_id)
-        if end is None:
-            raise OptionError(
-                f"option 'ending_snapshot_id' = {options.ending_snapshot_id}: table {options.table} has no such snapshot "
-                "(never existed or expired; db.t.snapshots lists the retained ones)"
-            )
-        return end
+        return _named_snapshot(metadata, options, "ending_snapshot_id", options.ending_snapshot_id)
     if head is None or options.ending_timestamp_ms is None:
         return head
     within = [s for s in snapshots_between(metadata, NOTHING, head.snapshot_id) if s.timestamp_ms <= options.ending_timestamp_ms]
