@@ -63,9 +63,9 @@ def open_for_task(
     attempt: int,
     stored: StoredTombstones,
 ) -> TaskIndex:
-    """The index at `location`, reflecting `metadata`'s current snapshot plus this write's
-    own committed-elsewhere tokens. `stored` reads the companion table's tombstones, asked
-    for only by a rebuild."""
+    """The index at `location`, reflecting `metadata`'s current snapshot plus the pending
+    changes of this write's other tasks on the host (under their own undo tokens). `stored`
+    reads the companion table's tombstones, asked for only by a rebuild."""
     started = time.perf_counter()
     path = make_index_dir(location)
     host = index_owner(path)
