@@ -30,7 +30,7 @@ from lakesink_datasource.read.scan import NoSuchTable, load_table
 # Iceberg's names, in the order its documentation lists them.
 ICEBERG_TABLES = (
     "history", "metadata_log_entries", "snapshots", "entries", "refs", "files", "data_files", "delete_files", "manifests",
-    "partitions",
+    "partitions", "all_manifests", "all_files", "all_data_files", "all_delete_files",
 )
 LAKESINK_HISTORY = "lakesink_history"
 METADATA_TABLES = (*ICEBERG_TABLES, LAKESINK_HISTORY)
@@ -71,12 +71,14 @@ def resolve_schema(options: ReadOptions) -> pa.Schema | None:
 
 
 # pyiceberg builds these as an empty table of the same columns when the table has no
-# current snapshot (the columns depend on the schema and specs only).
-_BUILT_EMPTY_WITHOUT_SNAPSHOT = ("files", "data_files", "delete_files", "manifests")
+# snapshot (the columns depend on the schema and specs only).
+_BUILT_EMPTY_WITHOUT_SNAPSHOT = (
+    "files", "data_files", "delete_files", "manifests", "all_manifests", "all_files", "all_data_files", "all_delete_files",
+)
 
 
 def _without_snapshot(table: Table) -> Table:
-    metadata = table.metadata.model_copy(update={"current_snapshot_id": None, "refs": {}})
+    metadata = table.metadata.model_copy(update={"current_snapshot_id": None, "refs": {}, "snapshots": []})
     return Table(table.name(), metadata, table.metadata_location, table.io, table.catalog)
 
 
