@@ -23,7 +23,7 @@ from lakesink_datasource.read.scan import (
     resolve_state,
     split_bytes,
 )
-from lakesink_datasource.read.snapshot_range import batch_range, read_unit_group, unit_groups, units_between
+from lakesink_datasource.read.snapshot_range import UnitReader, batch_range, unit_groups, units_between
 from lakesink_datasource.worker_gc import settle_imports
 
 
@@ -95,15 +95,8 @@ class LakeSinkRangeReader(DataSourceReader):
     stream reading those snapshots would have emitted, so a consumer can replay a range."""
 
     def __init__(self, options: ReadOptions, schema: StructType):
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        self._options = options
         table = load_table(options)
-        iceberg_schema = table.schema()
-        self._io_properties = dict(table.io.properties)
-        self._schema_json = iceberg_schema.model_dump_json()
-        self._key_columns = tuple(iceberg_schema.find_column_name(i) or "" for i in sorted(iceberg_schema.identifier_field_ids))
-        self._arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        self._reader = UnitReader.of(table, schema, options.read_changes)
         # Planned here, on the driver, so partitions() and every task see the same snapshots.
         bounds = batch_range(table.metadata, options)
         per_snapshot = units_between(table.metadata, table.io, bounds[0], bounds[1].snapshot_id, options) if bounds else []
@@ -119,5 +112,4 @@ class LakeSinkRangeReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if partition.value is None:
             return iter(())
-        return read_unit_group(partition, self._io_properties, self._schema_json, self._key_columns,
-                               self._options.read_changes, self._arrow_schema)
+        return self._reader.read(partition)

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 from pyiceberg.io import FileIO
+from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 from pyspark.sql.datasource import InputPartition
+from pyspark.sql.types import StructType
 
 from lakesink_datasource.options import OptionError
 from lakesink_datasource.read.changes import NOTHING, StreamReadError, Unit, read_units, snapshots_between, units_for
@@ -127,11 +129,34 @@ def unit_groups(metadata_location: str, per_snapshot: list[list[Unit]], read_cha
     return [UnitGroup(metadata_location, g) for g in group_units(units)]
 
 
-def read_unit_group(partition: InputPartition, io_properties: dict[str, str], schema_json: str,
-                    key_columns: tuple[str, ...], read_changes: bool, arrow_schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    settle_imports()
-    assert isinstance(partition, UnitGroup)
-    for table in read_units(partition.metadata_location, io_properties, schema_json, partition.value, key_columns, read_changes):
-        for batch in table.to_batches():
-            if batch.num_rows:
-                yield conform(batch, arrow_schema)
+@dataclass(frozen=True)
+class UnitReader:
+    """What a Spark task needs to read a `UnitGroup`: pickled with the stream or range reader,
+    made once on the driver from the table as the query found it."""
+
+    io_properties: dict[str, str]
+    schema_json: str
+    key_columns: tuple[str, ...]  # the table's identifier fields: a change feed pairs updates by them
+    read_changes: bool
+    arrow_schema: pa.Schema  # what Spark expects
+
+    @classmethod
+    def of(cls, table: Table, spark_schema: StructType, read_changes: bool) -> UnitReader:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        schema = table.schema()
+        return cls(
+            dict(table.io.properties), schema.model_dump_json(),
+            tuple(schema.find_column_name(i) or "" for i in sorted(schema.identifier_field_ids)), read_changes,
+            to_arrow_schema(spark_schema, timezone="UTC"),
+        )
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        settle_imports()
+        assert isinstance(partition, UnitGroup)
+        units = partition.value
+        for table in read_units(partition.metadata_location, self.io_properties, self.schema_json, units, self.key_columns,
+                                self.read_changes):
+            for batch in table.to_batches():
+                if batch.num_rows:
+                    yield conform(batch, self.arrow_schema)

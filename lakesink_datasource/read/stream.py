@@ -21,40 +21,33 @@ from lakesink_datasource.options import OptionError
 from lakesink_datasource.read.changes import snapshots_between
 from lakesink_datasource.read.options import ReadOptions
 from lakesink_datasource.read.scan import load_table
-from lakesink_datasource.read.snapshot_range import RangeStart, range_start, read_unit_group, unit_groups, units_between
+from lakesink_datasource.read.snapshot_range import RangeStart, UnitReader, head_of, range_start, unit_groups, units_between
 
 Offset = dict[str, Any]
 
 
 class LakeSinkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: ReadOptions, schema: StructType):
-        from pyspark.sql.pandas.types import to_arrow_schema
-
         if options.ending_snapshot_id is not None or options.ending_timestamp_ms is not None:
             raise OptionError(
                 "options 'ending_snapshot_id' and 'ending_timestamp' bound a batch read (spark.read); a stream reads on "
                 "as the table grows (trigger(availableNow=True) stops at the head it started with)"
             )
         self._options = options
-        table = load_table(options)
-        self._io_properties = dict(table.io.properties)
-        iceberg_schema = table.schema()
-        self._schema_json = iceberg_schema.model_dump_json()
-        self._key_columns = tuple(iceberg_schema.find_column_name(i) or "" for i in sorted(iceberg_schema.identifier_field_ids))
-        self._arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        self._reader = UnitReader.of(load_table(options), schema, options.read_changes)
         # trigger(availableNow=True): the head when the query started (None: the table was empty)
         self._available_now = False
         self._target: int | None = None
 
     def _head(self) -> tuple[Any, int | None]:
         table = load_table(self._options)
-        snapshot = table.metadata.snapshot_by_name(self._options.branch or "main")
+        snapshot = head_of(table.metadata, self._options)
         return table, snapshot.snapshot_id if snapshot is not None else None
 
     @without_traceback
     def initialOffset(self) -> Offset:
-        table, head = self._head()
-        start = range_start(table.metadata, table.metadata.snapshot_by_id(head) if head is not None else None, self._options)
+        table = load_table(self._options)
+        start = range_start(table.metadata, head_of(table.metadata, self._options), self._options)
         return {"snapshot_id": start.after, "scan_all": start.scan_all}
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -98,8 +91,7 @@ class LakeSinkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return unit_groups(table.metadata_location, per_snapshot, self._options.read_changes)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return read_unit_group(partition, self._io_properties, self._schema_json, self._key_columns,
-                               self._options.read_changes, self._arrow_schema)
+        return self._reader.read(partition)
 
     def commit(self, end: Offset) -> None:
         pass  # nothing to release: offsets are snapshot ids, kept by Spark's checkpoint
