@@ -10,7 +10,7 @@ from lakesink_datasource.version import __version__
 
 _compat.check_version()  # fail at import, not at the first commit, on an unvetted pyiceberg
 
-__all__ = ["LakeSinkDataSource", "LakesinkError", "__version__", "cluster_by_partition"]
+__all__ = ["LakeSinkDataSource", "LakesinkError", "__version__", "cluster_by_key", "cluster_by_partition"]
 
 
 def __getattr__(name: str) -> Any:
@@ -23,4 +23,8 @@ def __getattr__(name: str) -> Any:
         from lakesink_datasource.clustering import cluster_by_partition
 
         return cluster_by_partition
+    if name == "cluster_by_key":
+        from lakesink_datasource.key_routing import cluster_by_key
+
+        return cluster_by_key
     raise AttributeError(name)

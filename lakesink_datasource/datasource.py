@@ -28,11 +28,12 @@ from pyspark.sql.types import StructType
 from lakesink_datasource.catalog import loader
 from lakesink_datasource.commit.committer import abort_write, commit_write
 from lakesink_datasource.errors import without_traceback
+from lakesink_datasource.key_routing import RESULT_COLUMN, routed_stream
 from lakesink_datasource.maintenance.after_batch import maintain_after_commit
 from lakesink_datasource.maintenance.background import report_background, table_turn
 from lakesink_datasource.maintenance.compaction import CompactionResult
 from lakesink_datasource.maintenance.tombstone_storing import store_tombstones_before_commit, store_tombstones_safely
-from lakesink_datasource.messages import decode_messages
+from lakesink_datasource.messages import RoutedCommitMessage, decode_messages
 from lakesink_datasource.options import OptionError, WriteOptions, parse_options
 from lakesink_datasource.progress import BatchTiming, report_batch
 from lakesink_datasource.read import metadata_tables
@@ -106,8 +107,13 @@ class LakeSinkDataSource(DataSource):
         return LakeSinkBatchWriter(_timed_plan(parse_options(self.options), schema, overwrite))
 
     @without_traceback
-    def streamWriter(self, schema: StructType, overwrite: bool) -> LakeSinkStreamWriter:
+    def streamWriter(self, schema: StructType, overwrite: bool) -> LakeSinkStreamWriter | RoutedStreamWriter:
         settle_imports()  # the planning worker and the commit runner both call this
+        routed = routed_stream(schema, self.options)
+        if routed is not None:
+            # cluster_by_key's stateful operator writes the rows; this sink plans the batch
+            # (creating the table, refusing bad input, before any task runs) and commits.
+            return RoutedStreamWriter(_timed_plan(parse_options(routed.options), routed.data_schema, overwrite))
         options = parse_options(self.options)
         if options.txn_app_id is not None:
             raise OptionError(
@@ -177,6 +183,25 @@ class LakeSinkBatchWriter(DataSourceArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         abort_write(self.plan, decode_messages(messages), batch_id=None)
+
+
+class RoutedStreamWriter(DataSourceStreamArrowWriter):
+    """The sink of a routed stream: its tasks pass on the commit messages of the keyed
+    writes cluster_by_key's operator ran; the commit is every other stream's."""
+
+    def __init__(self, plan: WritePlan):
+        self.plan = plan
+
+    @without_traceback
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return RoutedCommitMessage([p for batch in iterator for p in batch.column(RESULT_COLUMN).to_pylist()])
+
+    @without_traceback
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _commit(self.plan, messages, batch_id=batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        abort_write(self.plan, decode_messages(messages), batch_id=batchId)
 
 
 class LakeSinkStreamWriter(DataSourceStreamArrowWriter):

@@ -117,6 +117,20 @@ class LakeSinkCommitMessage(WriterCommitMessage):
         return _decoder.decode(self.payload)
 
 
+@dataclass
+class RoutedCommitMessage(WriterCommitMessage):
+    """A routed stream's sink task (`cluster_by_key`): the results of the keyed writes its
+    stateful operator ran, one per key shard the Spark partition held."""
+
+    payloads: list[bytes]
+
+
 def decode_messages(messages: list[WriterCommitMessage | None]) -> list[TaskResult]:
     """Decode the messages Spark hands to commit/abort (failed tasks arrive as None)."""
-    return [m.result() for m in messages if isinstance(m, LakeSinkCommitMessage)]
+    results = []
+    for m in messages:
+        if isinstance(m, LakeSinkCommitMessage):
+            results.append(m.result())
+        elif isinstance(m, RoutedCommitMessage):
+            results += [_decoder.decode(p) for p in m.payloads]
+    return results

@@ -300,11 +300,23 @@ def _write_settings(plan: WritePlan, metadata: TableMetadata | None = None) -> T
     return TableSettings.for_write(metadata.properties, plan.options.table_properties, metadata.location)
 
 
+def _oldest_planned(results: list[TaskResult], metadata: TableMetadata, default: int | None) -> int | None:
+    """The snapshot the batch's tasks planned against; the oldest, when they planned apart
+    (a routed stream's tasks plan for themselves): what any of them could have missed is
+    after it, so the commit validates everything committed since."""
+    planned = list(dict.fromkeys(r.planned_snapshot_id for r in results))
+    if not planned:
+        return default
+    if len(planned) == 1 or None in planned:
+        return None if None in planned else planned[0]
+    sequence = {s.snapshot_id: s.sequence_number or 0 for s in metadata.snapshots}
+    return min(planned, key=lambda s: sequence.get(s, -1) if s is not None else -1)
+
+
 def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | None) -> CommitOutcome:
     started = time.perf_counter()
     query_id = next((r.query_id for r in results if r.query_id is not None), None)
     write_ids = {r.write_id for r in results} or {plan.write_id}
-    planned_snapshot_id = next((r.planned_snapshot_id for r in results), plan.planned_snapshot_id)
     stats = _sum_stats(results)
     budget = RetryBudget.of(_write_settings(plan))
     catalog_name = loader.describe(plan.catalog)
@@ -324,6 +336,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
         )
 
     metadata = table.metadata
+    planned_snapshot_id = _oldest_planned(results, metadata, plan.planned_snapshot_id)
     _refuse_keys_on_several_hosts(results)
     _refuse_keys_across_a_rebuilt_index(results)
     delta = RowDelta(

@@ -134,6 +134,8 @@ def _read_reports(io: FileIO, paths: Iterable[str]) -> pa.Table | None:
 def _apply_reported_deletes(index: ShardedIndex, io: FileIO, props: dict[str, str], columns: KeyColumns, own_digest: str | None) -> int:
     """Take the keys another host's tasks deleted out of the index."""
     rows = _read_reports(io, _report_files(props, DELETED_KEYS, own_digest) + _report_files(props, TOMBSTONES, own_digest))
+    if rows is not None:
+        rows, _ = columns.own_rows(rows)
     if rows is None or rows.num_rows == 0:
         return 0
     keys = encode_keys([rows.column(c) for c in columns.key], names=list(columns.key))
@@ -144,6 +146,8 @@ def _apply_reported_deletes(index: ShardedIndex, io: FileIO, props: dict[str, st
 def _restore_reported_tombstones(index: ShardedIndex, io: FileIO, props: dict[str, str], columns: KeyColumns, own_digest: str | None) -> None:
     """The tombstones of another host's sequenced deletes, for keys no row holds now."""
     rows = _read_reports(io, _report_files(props, TOMBSTONES, own_digest))
+    if rows is not None:
+        rows, _ = columns.own_rows(rows)
     if rows is None or rows.num_rows == 0:
         return
     keys = encode_keys([rows.column(c) for c in columns.key], names=list(columns.key))

@@ -20,11 +20,13 @@ from pyiceberg.table.metadata import TableMetadata
 
 from lakesink_datasource.index.host_lock import host_locks
 from lakesink_datasource.index.key_columns import KeyColumns
+from lakesink_datasource.index.key_route import KeyRoute
 from lakesink_datasource.index.owner import default_index_dir, index_owner, token_for
 from lakesink_datasource.index.published import fetch as fetch_published
 from lakesink_datasource.index.published import maybe_publish
 from lakesink_datasource.index.reindex import StoredTombstones
 from lakesink_datasource.index.sharded_index import (
+    SHARDS,
     ShardedIndex,
     lock_paths,
     make_index_dir,
@@ -48,8 +50,17 @@ class TaskIndex:
     seconds: float  # opening and syncing
 
 
-def index_location(index_dir: str | None, metadata: TableMetadata) -> str:
-    return os.path.join(index_dir or default_index_dir(), str(metadata.table_uuid))
+def index_location(index_dir: str | None, metadata: TableMetadata, route: KeyRoute | None = None) -> str:
+    """Where a host keeps a table's index: the whole key space, or one key shard of it (a
+    directory beside the whole index's, so either can be dropped alone)."""
+    table_dir = os.path.join(index_dir or default_index_dir(), str(metadata.table_uuid))
+    return table_dir if route is None else f"{table_dir}.{route.name()}"
+
+
+def lock_shards(columns: KeyColumns) -> int:
+    """LMDB environments of an index: the whole key space is split for the host's concurrent
+    tasks; a key shard has one task a batch, so one environment serves it."""
+    return SHARDS if columns.route is None else 1
 
 
 def open_for_task(
@@ -77,14 +88,15 @@ def open_for_task(
         )
 
     healed = False
-    with host_locks(lock_paths(path)):
+    shards = lock_shards(columns)
+    with host_locks(lock_paths(path, shards)):
         try:
-            index = open_sharded(path)
+            index = open_sharded(path, shards)
             report = synced(index)
         except lmdb.Error as exc:
             log.warning("lakesink: key index %s is damaged (%s); starting it over", path, exc)
             healed = True
-            index = reopen_empty_sharded(path)
+            index = reopen_empty_sharded(path, shards)
             report = synced(index)
         # A clean index at a committed snapshot: now and then a copy for cold hosts.
         maybe_publish(index, io, metadata, columns, host)

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import pyarrow as pa
+
+from lakesink_datasource.index.key_route import KeyRoute
+
 TOMBSTONE = 0xFFFF_FFFF  # file ordinal of a deleted key that remembers its sequence
 SEQUENCE = "__lakesink_sequence"  # the sequence column's name in tombstone files
 TOMBSTONE_DIR = "lakesink-tombstones"  # under the data path: the files keyed tasks report deletes in
@@ -15,3 +20,14 @@ class KeyColumns:
 
     key: tuple[str, ...]
     sequence: str | None  # None when no sequence column, or it is not stored in the table
+    route: KeyRoute | None = None  # the one key shard an index holds (None: every key)
+
+    def own_rows(self, table: pa.Table) -> tuple[pa.Table, np.ndarray | None]:
+        """The rows of `table` (with the key columns) whose key is the index's to hold, and
+        the mask that chose them (None: all of them)."""
+        if self.route is None or table.num_rows == 0:
+            return table, None
+        keep = self.route.keeps([table.column(c) for c in self.key])
+        if keep.all():
+            return table, None
+        return table.filter(pa.array(keep)), keep

@@ -10,7 +10,9 @@ columns. Instead it takes a published copy and walks from there:
   copies its LMDB environments (compacted, from read transactions opened while it holds
   every shard's lock, so the copy is exactly that snapshot) in a background thread and
   uploads them through the table's FileIO to
-  `<table location>/_lakesink_index/<sequence>-<snapshot id>-<host>/`, `manifest.json` last.
+  `<table location>/_lakesink_index/<sequence>-<snapshot id>-<host>/`, `manifest.json` last;
+  an index of one key shard (`key_route.py`) under `_lakesink_index/<key shard>/` instead,
+  so a host that gets a shard it does not hold fetches that shard alone.
 - A cold host lists the copies, takes the newest one whose snapshot is in the planned
   snapshot's history, checks every file's size and SHA-256 against the manifest (and the
   table, key columns and shard count), puts the files in place of its own environments and
@@ -40,6 +42,7 @@ from lakesink_datasource.iceberg.history import ancestors
 from lakesink_datasource.iceberg.listing import list_files
 from lakesink_datasource.index.environment import IndexState
 from lakesink_datasource.index.key_columns import KeyColumns
+from lakesink_datasource.index.key_route import KeyRoute
 from lakesink_datasource.index.owner import owner_digest
 from lakesink_datasource.index.sharded_index import IndexSnapshot, ShardedIndex
 
@@ -58,6 +61,7 @@ CHANGED_FRACTION = 0.1
 MIN_CHANGED_ROWS = 100_000
 MIN_KEYS = 100_000  # below this a rebuild is cheap: nothing is published
 _CHUNK = 8 << 20
+SHARD_PREFIX = "key-shard-"  # KeyRoute.name(): the folders of key shards' copies
 
 
 class CopyManifest(msgspec.Struct, frozen=True):
@@ -74,14 +78,21 @@ class CopyManifest(msgspec.Struct, frozen=True):
     publisher: str
     created_ms: int
     format: int = 1
+    key_shard: int | None = None  # the key shard the copy holds (None: every key)
+    key_shards: int | None = None
 
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(CopyManifest)
 
 
-def copies_root(metadata: TableMetadata) -> str:
-    return f"{metadata.location.rstrip('/')}/{PUBLISHED_DIR}"
+def copies_root(metadata: TableMetadata, route: KeyRoute | None = None) -> str:
+    root = f"{metadata.location.rstrip('/')}/{PUBLISHED_DIR}"
+    return root if route is None else f"{root}/{route.name()}"
+
+
+def _is_shard_folder(name: str) -> bool:
+    return name.startswith(SHARD_PREFIX)
 
 
 def _copy_name(state: IndexState, publisher: str) -> str:
@@ -118,8 +129,9 @@ def maybe_publish(index: ShardedIndex, io: FileIO, metadata: TableMetadata, colu
     manifest_base = CopyManifest(
         str(metadata.table_uuid), state.snapshot_id, state.sequence_number, len(index.shards), list(columns.key),
         columns.sequence, {}, keys, publisher, 0,
+        key_shard=columns.route.shard if columns.route else None, key_shards=columns.route.shards if columns.route else None,
     )
-    root = copies_root(metadata)
+    root = copies_root(metadata, columns.route)
 
     def run() -> None:
         try:
@@ -180,12 +192,20 @@ def _upload(io: FileIO, path: str, location: str) -> str:
 
 
 def _copies(io: FileIO, root: str) -> dict[str, list[str]]:
-    """Copy directory name -> its files (full locations)."""
+    """Copy directory name -> its files (full locations), of the copies right under `root`:
+    the table's folder of copies, or one key shard's folder in it."""
+    last = root.rstrip("/").rsplit("/", 1)[-1]
+    shard_folder = last if _is_shard_folder(last) else None
     out: dict[str, list[str]] = {}
     for listed in list_files(io, root):
-        relative = listed.path.split(f"/{PUBLISHED_DIR}/", 1)[-1]
-        name = relative.split("/", 1)[0]
-        out.setdefault(name, []).append(listed.path)
+        parts = listed.path.split(f"/{PUBLISHED_DIR}/", 1)[-1].split("/")
+        if shard_folder is not None:
+            if parts[0] != shard_folder:
+                continue
+            parts = parts[1:]
+        elif _is_shard_folder(parts[0]):
+            continue  # at the table's level, a key shard's folder is not a copy
+        out.setdefault(parts[0], []).append(listed.path)
     return out
 
 
@@ -195,11 +215,17 @@ def complete_copies(io: FileIO, root: str) -> list[str]:
 
 
 def kept_files(io: FileIO, metadata: TableMetadata) -> set[str]:
-    """The files of the copies publishing keeps (orphan removal must not delete them)."""
-    root = copies_root(metadata)
-    copies = _copies(io, root)
-    keep = set(complete_copies(io, root)[:KEEP])
-    return {f for name, files in copies.items() if name in keep for f in files}
+    """The files of the copies publishing keeps, the whole index's and every key shard's
+    (orphan removal must not delete them)."""
+    top = copies_root(metadata)
+    folders = {listed.path.split(f"/{PUBLISHED_DIR}/", 1)[-1].split("/", 1)[0] for listed in list_files(io, top)}
+    roots = [top, *(f"{top}/{name}" for name in sorted(folders) if _is_shard_folder(name))]
+    kept: set[str] = set()
+    for root in roots:
+        copies = _copies(io, root)
+        keep = set(complete_copies(io, root)[:KEEP])
+        kept |= {f for name, files in copies.items() if name in keep for f in files}
+    return kept
 
 
 def _prune(io: FileIO, root: str, now_ms: int | None = None) -> None:
@@ -227,7 +253,7 @@ def _prune(io: FileIO, root: str, now_ms: int | None = None) -> None:
 def fetch(index: ShardedIndex, io: FileIO, metadata: TableMetadata, columns: KeyColumns) -> str | None:
     """Replace `index`'s environments with the newest usable published copy (the caller
     holds every shard's lock). Returns the copy's name, or None (nothing usable)."""
-    root = copies_root(metadata)
+    root = copies_root(metadata, columns.route)
     try:
         names = complete_copies(io, root)
     except Exception:
@@ -276,6 +302,9 @@ def _unusable(manifest: CopyManifest, metadata: TableMetadata, columns: KeyColum
         return "of other key or sequence columns"
     if manifest.shards != shards:
         return f"{manifest.shards} shards, not {shards}"
+    route = columns.route
+    if (manifest.key_shard, manifest.key_shards) != ((route.shard, route.shards) if route else (None, None)):
+        return f"key shard {manifest.key_shard} of {manifest.key_shards}, not {route.shard if route else None} of {route.shards if route else None}"
     if manifest.snapshot_id not in history:
         return f"snapshot {manifest.snapshot_id} is not in the table's current history"
     return None

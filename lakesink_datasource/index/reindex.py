@@ -50,6 +50,10 @@ def read_keys(io: FileIO, path: str, columns: KeyColumns, deletes: ManifestEntry
     with io.new_input(path).open() as stream:
         table = pq.read_table(stream, columns=read)
     table, positions = without_hidden_rows(io, table, deletes)
+    # An index of one key shard holds only that shard's keys, whoever wrote the file.
+    table, kept = columns.own_rows(table)
+    if kept is not None:
+        positions = np.asarray(positions)[kept]
     if table.num_rows == 0:
         return [], None, positions
     keys = encode_keys([table.column(c) for c in columns.key], names=list(columns.key))
@@ -108,6 +112,7 @@ def restore_tombstones(
     newest: dict[bytes, bytes] = {}
 
     def add(table: pa.Table) -> None:
+        table, _ = columns.own_rows(table)
         if table.num_rows == 0:
             return
         keys = encode_keys([table.column(c) for c in columns.key], names=list(columns.key))

@@ -24,6 +24,9 @@ class KeyedPlan(msgspec.Struct, frozen=True, kw_only=True):
     sequence_source: str | None
     table_key_columns: tuple[str, ...]
     table_sequence_column: str | None  # None when the sequence is not stored in the table
+    # The rows carry cluster_by_key's route column: each task holds one key shard and opens
+    # its host's index of that shard only (index/key_route.py).
+    routed: bool = False
 
 
 class WritePlan(msgspec.Struct, frozen=True, kw_only=True):

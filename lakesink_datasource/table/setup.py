@@ -25,6 +25,7 @@ from lakesink_datasource.iceberg.compat import v3_metadata_writes
 from lakesink_datasource.iceberg.history import branch_head
 from lakesink_datasource.iceberg.properties import CREATE_DEFAULTS, FORMAT_VERSION, PropertyError, TableSettings
 from lakesink_datasource.iceberg.row_filter import FilterError, parse_filter
+from lakesink_datasource.index.key_route import ROUTE_COLUMN
 from lakesink_datasource.options import KEYED_OPERATIONS, OptionError, WriteOptions
 from lakesink_datasource.schema.evolution import Evolution, describe_differences, merge_schema
 from lakesink_datasource.schema.spark_types import SchemaError, check_dataframe_columns, column_mapping, spark_to_iceberg_schema
@@ -49,6 +50,21 @@ def _stored_columns(options: WriteOptions, spark_schema: StructType) -> StructTy
     if options.op_column is None:
         return spark_schema
     return StructType([f for f in spark_schema.fields if f.name.lower() != options.op_column.lower()])
+
+
+def without_route(spark_schema: StructType) -> tuple[StructType, bool]:
+    """The DataFrame's columns without cluster_by_key's route column, and whether it had it
+    (the column routes rows to key shards; it is never stored)."""
+    fields = [f for f in spark_schema.fields if f.name != ROUTE_COLUMN]
+    return (StructType(fields), True) if len(fields) != len(spark_schema.fields) else (spark_schema, False)
+
+
+def _check_route(options: WriteOptions, routed: bool) -> None:
+    if routed and options.operation not in KEYED_OPERATIONS:
+        raise OptionError(
+            f"the DataFrame was routed by cluster_by_key, which is for keyed writes (operation upsert, cdc or dedupe), "
+            f"not operation {options.operation!r}: for appends use cluster_by_partition, or write the DataFrame unrouted"
+        )
 
 
 def _new_table_schema(options: WriteOptions, spark_schema: StructType) -> Schema:
@@ -247,7 +263,7 @@ def _check_new_keyed_table(options: WriteOptions) -> None:
         )
 
 
-def _plan_keys(options: WriteOptions, spark_schema: StructType, table: Table) -> KeyedPlan | None:
+def _plan_keys(options: WriteOptions, spark_schema: StructType, table: Table, routed: bool = False) -> KeyedPlan | None:
     if options.operation not in KEYED_OPERATIONS:
         return None
     schema = table.schema()
@@ -284,6 +300,7 @@ def _plan_keys(options: WriteOptions, spark_schema: StructType, table: Table) ->
         sequence_source=_find(spark_schema, sequence) if sequence else None,
         table_key_columns=tuple(table_key),
         table_sequence_column=table_sequence,
+        routed=routed,
     )
 
 
@@ -314,6 +331,8 @@ def _evolution(options: WriteOptions, spark_schema: StructType, table: Table, ke
 def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool) -> WritePlan:
     # Validate everything that does not need the table first, so a bad option never
     # creates a table as a side effect.
+    spark_schema, routed = without_route(spark_schema)
+    _check_route(options, routed)
     check_dataframe_columns(spark_schema)
     _check_keyed_options(options, spark_schema, overwrite)
     _check_write_target(options, overwrite)
@@ -339,7 +358,7 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
         TableSettings.for_write(table.metadata.properties, options.table_properties, table.metadata.location)
     except PropertyError as exc:
         raise OptionError(f"{exc} (table {options.table}); fix it with property.{exc.name}=...") from None
-    keyed = _plan_keys(options, spark_schema, table)
+    keyed = _plan_keys(options, spark_schema, table, routed)
     if table.metadata.format_version >= 3 and (keyed is not None or (overwrite and options.replace_where is not None)):
         settings = TableSettings.for_write(table.metadata.properties, options.table_properties, table.metadata.location)
         try:
@@ -388,6 +407,7 @@ def write_layout(options: WriteOptions, spark_schema: StructType) -> tuple[Schem
     """The table schema and partition spec a write of `spark_schema` with `options` goes to
     (the existing table's, else the ones it would be created with), and for each table column
     the DataFrame column that feeds it. Creates nothing."""
+    spark_schema, _ = without_route(spark_schema)
     table = resolve_table(options, spark_schema, create=False)
     if table is not None:
         schema, spec = table.schema(), table.spec()
@@ -398,3 +418,39 @@ def write_layout(options: WriteOptions, spark_schema: StructType) -> tuple[Schem
         spec = parse_partition_spec(options.partition_by, schema)
     sources = _column_sources(options, spark_schema, schema)
     return schema, spec, sources
+
+
+def plan_routed_task(options: WriteOptions, spark_schema: StructType, write_id: str) -> WritePlan:
+    """The plan a task of a routed stream makes for itself (`cluster_by_key`: the keyed work
+    runs inside Spark's stateful operator, before the sink's writer, so no driver plan
+    reaches it). Against the table's current state, with no side effect: the sink's driver
+    plan for the same batch, made before any task starts, has created the table already and
+    refused bad input; a schema or partition change it would stage is refused here (the
+    task cannot share the staged schema the commit makes current)."""
+    spark_schema, _ = without_route(spark_schema)
+    check_dataframe_columns(spark_schema)
+    _check_keyed_options(options, spark_schema, overwrite=False)
+    table = resolve_table(options, spark_schema, create=False)
+    if table is None:
+        raise OptionError(f"table {options.table} does not exist: the sink's plan creates it before the routed tasks run")
+    keyed = _plan_keys(options, spark_schema, table, routed=True)
+    evolution = _evolution(options, spark_schema, table, keyed)
+    if evolution.changed or _check_layout_matches(options, table, evolution.schema) is not None:
+        raise OptionError(
+            f"table {options.table}: a stream routed by cluster_by_key cannot change the table's schema or partitioning "
+            "(merge_schema, evolve_partition) in the same batch; evolve the table with one unrouted write first"
+        )
+    current = branch_head(table.metadata, options.branch)
+    return WritePlan(
+        write_id=write_id,
+        options=options,
+        catalog=loader.catalog_config(options),
+        identifier=options.table,
+        metadata_location=table.metadata_location,
+        io_properties=dict(table.io.properties),
+        format_version=table.metadata.format_version,
+        overwrite=False,
+        column_sources=_column_sources(options, spark_schema, evolution.schema),
+        planned_snapshot_id=current.snapshot_id if current else None,
+        keyed=keyed,
+    )

@@ -25,6 +25,7 @@ from itertools import repeat
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.table.metadata import TableMetadata
@@ -36,6 +37,7 @@ from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.for_write import TaskIndex, index_location, open_for_task
 from lakesink_datasource.index.key_columns import SEQUENCE, TOMBSTONE, KeyColumns
 from lakesink_datasource.index.key_encoding import key_hashes
+from lakesink_datasource.index.key_route import ROUTE_COLUMN, KeyRoute, decode_route, key_fingerprint
 from lakesink_datasource.index.location_codec import Found, pack_locations, pack_positions
 from lakesink_datasource.index.reindex import TombstonesUnreadable
 from lakesink_datasource.io.partitioning import PartitionSplitter
@@ -61,14 +63,41 @@ def tombstone_reader(plan: WritePlan) -> Callable[[], pa.Table | None]:
     return stored
 
 
-def open_task_index(plan: WritePlan, metadata: TableMetadata, io: FileIO, *, partition_id: int, attempt: int) -> TaskIndex:
-    """The host's key index at the table's current snapshot, for this task attempt."""
+def open_task_index(
+    plan: WritePlan, metadata: TableMetadata, io: FileIO, *, partition_id: int, attempt: int, route: KeyRoute | None = None
+) -> TaskIndex:
+    """The host's key index at the table's current snapshot, for this task attempt: of the
+    whole key space, or of the one key shard `route` (rows routed by `cluster_by_key`)."""
     assert plan.keyed is not None
     return open_for_task(
-        index_location(plan.options.index_dir, metadata), io, metadata,
-        KeyColumns(plan.keyed.table_key_columns, plan.keyed.table_sequence_column),
+        index_location(plan.options.index_dir, metadata, route), io, metadata,
+        KeyColumns(plan.keyed.table_key_columns, plan.keyed.table_sequence_column, route),
         write_id=plan.write_id, partition_id=partition_id, attempt=attempt, stored=tombstone_reader(plan),
     )
+
+
+def chunk_route(batch: pa.RecordBatch, key_columns: tuple[str, ...], held: KeyRoute | None) -> KeyRoute:
+    """The one key shard a routed chunk's rows belong to; refused when the rows span several
+    (fewer Spark partitions than key shards) or were routed by other columns than the key."""
+    values = pc.unique(batch.column(ROUTE_COLUMN)).to_pylist()
+    routes = sorted({decode_route(v)[0] for v in values if v is not None}, key=lambda r: r.shard)
+    if held is not None and held not in routes:
+        routes.insert(0, held)
+    if len(routes) != 1 or None in values:
+        shards = ", ".join(str(r.shard) for r in routes)
+        count = routes[0].shards if routes else "?"
+        raise KeyedInputError(
+            f"this task got rows of key shards {shards} of {count}: a task must hold one key shard. The query has fewer "
+            "shuffle partitions than cluster_by_key's shards (a restarted query keeps the spark.sql.shuffle.partitions of "
+            "its checkpoint): call cluster_by_key with shards=<that number of partitions>. Nothing was written"
+        )
+    fingerprints = {decode_route(v)[1] for v in values}
+    if fingerprints != {key_fingerprint(key_columns)}:
+        raise KeyedInputError(
+            f"the rows were routed by cluster_by_key on other columns than the write's primary key "
+            f"({', '.join(key_columns)}): give cluster_by_key exactly the primary key columns. Nothing was written"
+        )
+    return routes[0]
 
 
 class KeyedWriter:

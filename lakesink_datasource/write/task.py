@@ -26,6 +26,7 @@ from lakesink_datasource.iceberg.properties import TableSettings, effective_prop
 from lakesink_datasource.iceberg.row_filter import RowFilter, matches, parse_filter
 from lakesink_datasource.index.for_write import TaskIndex
 from lakesink_datasource.index.key_columns import TOMBSTONE_DIR
+from lakesink_datasource.index.key_route import KeyRoute
 from lakesink_datasource.index.owner import owner_digest
 from lakesink_datasource.io.partitioning import PartitionSplitter
 from lakesink_datasource.io.rolling_writer import STREAM_BUFFER_BYTES, PartitionedParquetWriter
@@ -34,7 +35,7 @@ from lakesink_datasource.schema.arrow_align import BatchAligner, table_arrow_sch
 from lakesink_datasource.table import idempotency, metadata_cache
 from lakesink_datasource.table.plan import WritePlan, write_schema, write_spec
 from lakesink_datasource.write.changes import KeyedInputError
-from lakesink_datasource.write.keyed import KeyedWriter, open_task_index
+from lakesink_datasource.write.keyed import KeyedWriter, chunk_route, open_task_index
 
 log = logging.getLogger("lakesink")
 
@@ -217,8 +218,9 @@ def write_task(
     partition_seconds = write_seconds = 0.0
     keyed: KeyedWriter | None = None
     task_index: TaskIndex | None = None
+    route: KeyRoute | None = None
     try:
-        if plan.keyed is not None:
+        if plan.keyed is not None and not plan.keyed.routed:
             task_index = open_task_index(plan, metadata, io, partition_id=who.partition_id, attempt=who.attempt)
             keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner)
         # Concatenating Spark's batches only pays where they are split (by partition or by key);
@@ -226,6 +228,13 @@ def write_task(
         chunk_rows = CHUNK_ROWS if keyed is not None or not splitter.is_unpartitioned else 1
         for batch in _chunks(batches, chunk_rows):
             rows_in += batch.num_rows
+            if plan.keyed is not None and plan.keyed.routed:
+                # A routed task holds one key shard: its host's index of that shard alone.
+                shard = chunk_route(batch, plan.keyed.table_key_columns, route)
+                if route is None:
+                    route = shard
+                    task_index = open_task_index(plan, metadata, io, partition_id=who.partition_id, attempt=who.attempt, route=route)
+                    keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner)
             t0 = time.perf_counter()
             if keyed is not None:
                 keyed.write(batch)

@@ -1,0 +1,88 @@
+"""Key shards: the key space split so that each host holds and updates only its part.
+
+`cluster_by_key` gives every row a route value, computed by Spark from the key columns (no
+row crosses into Python for it): the key's shard, `pmod(xxhash64(keys), shards)`, packed
+with the shard count and a fingerprint of the key columns' names. Rows are then grouped by
+that value, so each Spark partition holds one shard; behind a stateful operator Spark runs
+a partition's task where it ran before, so a shard stays on its executor from batch to
+batch. The keyed task reads the value, opens its host's index of that one shard, and the
+index keeps only that shard's keys: whatever it reads back from data files (another
+host's rows, a compaction, a rebuild) is filtered by the same hash (`spark_hash.py`).
+
+The packed value (a positive bigint): bits 0-15 the shard, 16-31 the shard count, 32-47 the
+key names' fingerprint, 48-61 a salt. Spark's `HashPartitioning` sends a row to partition
+`pmod(murmur3(value), partitions)`; the salt is chosen per shard so that shard `r` lands on
+partition `r mod partitions`: every partition gets one shard (with as many shards as
+partitions), none gets two.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from lakesink_datasource.index.spark_hash import murmur3_long, xxhash64
+
+__all__ = ["MAX_SHARDS", "ROUTE_COLUMN", "KeyRoute", "key_fingerprint", "route_values", "shard_of_keys"]
+
+ROUTE_COLUMN = "__lakesink_key_shard"
+MAX_SHARDS = 1 << 15
+_SALTS = 1 << 14
+
+
+@dataclass(frozen=True)
+class KeyRoute:
+    """Shard `shard` of `shards`: the part of the key space an index holds."""
+
+    shard: int
+    shards: int
+
+    def __post_init__(self) -> None:
+        if not 0 < self.shards <= MAX_SHARDS or not 0 <= self.shard < self.shards:
+            raise ValueError(f"key shard {self.shard} of {self.shards} is out of range")
+
+    def name(self) -> str:
+        """How a host's index directory and the published copies name this shard."""
+        return f"key-shard-{self.shard:05d}-of-{self.shards:05d}"
+
+    def keeps(self, key_columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
+        """Which rows of these key columns (in the table's types) belong to this shard."""
+        return shard_of_keys(key_columns, self.shards) == self.shard
+
+
+def shard_of_keys(key_columns: Sequence[pa.Array | pa.ChunkedArray], shards: int) -> np.ndarray:
+    """Each row's key shard, as Spark computes it: `pmod(xxhash64(k1, k2, ...), shards)`."""
+    return np.mod(xxhash64(key_columns), shards)
+
+
+def key_fingerprint(names: Sequence[str]) -> int:
+    """16 bits naming the key columns (case-insensitively): a task refuses rows routed by
+    other columns than its write's primary key."""
+    return zlib.crc32(",".join(n.lower() for n in names).encode()) & 0xFFFF
+
+
+def route_values(shards: int, partitions: int, names: Sequence[str]) -> list[int]:
+    """The packed route value of every shard, salted so that Spark's hash partitioning into
+    `partitions` puts shard r on partition `r mod partitions`."""
+    if not 0 < shards <= MAX_SHARDS:
+        raise ValueError(f"shards must be between 1 and {MAX_SHARDS}")
+    base = (key_fingerprint(names) << 32) | (shards << 16)
+    salts = np.arange(_SALTS, dtype=np.int64) << 48
+    values = []
+    for shard in range(shards):
+        candidates = salts | base | shard
+        placed = np.mod(murmur3_long(candidates).astype(np.int64), partitions)
+        hits = np.flatnonzero(placed == shard % partitions)
+        # Past 16K partitions a shard may find no salt: it then shares a partition, which
+        # costs balance, not correctness (the task splits its rows by shard).
+        values.append(int(candidates[hits[0]] if len(hits) else candidates[0]))
+    return values
+
+
+def decode_route(value: int) -> tuple[KeyRoute, int]:
+    """(the shard, the key names' fingerprint) of a packed route value."""
+    return KeyRoute(value & 0xFFFF, (value >> 16) & 0xFFFF), (value >> 32) & 0xFFFF

@@ -1,0 +1,245 @@
+"""`cluster_by_key`: keyed writes whose key shards stay on their executor.
+
+A keyed task resolves keys in its host's index. When any task may get any key, every host
+must hold the whole index and follow every batch. `cluster_by_key` splits the key space
+into shards (`pmod(xxhash64(keys), shards)`, computed by Spark, see index/key_route.py) and
+gives each Spark partition one shard, so a host holds only the shards its tasks get:
+
+- On a streaming DataFrame the rows go through `applyInPandasWithState` grouped by shard.
+  Spark runs a stateful operator's task where that partition's state store was last
+  loaded (the state store coordinator), so a shard stays on its executor from batch to
+  batch, and moves only when its executor goes. The keyed task's whole work runs inside
+  that operator (rows cross into Python once; measured in
+  benchmarks/experiments/key-route), and what reaches the lakesink sink is one commit
+  message per shard: the sink commits them as one snapshot, as it commits its own tasks'.
+- On a batch DataFrame the rows are repartitioned by shard, one shard per partition, and
+  written by the sink's tasks as usual (batch jobs keep no state stores, so nothing pins a
+  partition to an executor; each task still opens its one shard's index only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lakesink_datasource.errors import LakesinkError
+from lakesink_datasource.index.key_route import MAX_SHARDS, ROUTE_COLUMN, route_values
+from lakesink_datasource.options import DEFAULT_WAREHOUSE, KEYED_OPERATIONS, OptionError, WriteOptions, parse_options
+from lakesink_datasource.routed_rows import RowCodec
+from lakesink_datasource.schema.spark_types import SchemaError
+from lakesink_datasource.table.setup import write_layout
+
+__all__ = ["RESULT_COLUMN", "RoutedStream", "cluster_by_key", "routed_stream"]
+
+# The one column a routed stream hands the sink: a keyed write's commit message per shard.
+RESULT_COLUMN = "__lakesink_task_result"
+_SPEC = "lakesink_routed_stream"  # the column's metadata key: what the sink needs to plan
+# Options that only the commit uses: the sink may set them where cluster_by_key did not.
+_COMMIT_ONLY = {"maintenance", "progress", "snapshot_properties", "checkpoint_location"}
+
+
+class RouteError(LakesinkError, ValueError):
+    """cluster_by_key cannot route this DataFrame as asked."""
+
+
+def cluster_by_key(df: Any, *key_columns: str, shards: int | None = None, **options: str) -> Any:
+    """`df` routed by key shard for a keyed write with `options` (the write's options:
+    `table`, `operation`, `warehouse` or a catalog, `sequence_column`, ...; `primary_key`
+    defaults to `key_columns`, which must be the table's key, in its order). `shards`
+    defaults to `spark.sql.shuffle.partitions`; a stream needs at most that many (each
+    partition holds one shard). Write the result with `writeStream.format("lakesink")` (a
+    stream: the sink takes the options given here) or `write.format("lakesink")` with the
+    same options (a batch). Everything is checked here, before anything runs."""
+    if not key_columns:
+        raise RouteError("cluster_by_key needs the key columns: cluster_by_key(df, 'id', table=..., operation='upsert', ...)")
+    raw = _normalised(options, key_columns)
+    parsed = parse_options(raw)
+    if parsed.operation not in KEYED_OPERATIONS:
+        raise OptionError(
+            f"cluster_by_key is for keyed writes: give operation='upsert', 'cdc' or 'dedupe' (got {parsed.operation!r}); "
+            "for appends, cluster_by_partition clusters rows by table partition"
+        )
+    key_types = _key_cast_types(df, parsed, key_columns)
+    partitions = int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+    count = partitions if shards is None else shards
+    if not isinstance(count, int) or not 0 < count <= MAX_SHARDS:
+        raise OptionError(f"cluster_by_key: shards must be an integer between 1 and {MAX_SHARDS}, got {shards!r}")
+    routed = df.withColumn(ROUTE_COLUMN, _route_column(key_columns, key_types, count, partitions if df.isStreaming else count))
+    if not df.isStreaming:
+        return routed.repartition(count, ROUTE_COLUMN)
+    if count > partitions:
+        raise OptionError(
+            f"cluster_by_key: shards={count} exceeds spark.sql.shuffle.partitions={partitions}; a stream's partitions each "
+            "hold one shard: give at most that many shards, or raise spark.sql.shuffle.partitions before the query first runs"
+        )
+    if parsed.merge_schema or parsed.evolve_partition:
+        raise OptionError(
+            "cluster_by_key: options merge_schema and evolve_partition are not supported on a routed stream (its tasks "
+            "plan without the driver); evolve the table with one unrouted write first"
+        )
+    return _stateful_route(routed, raw, count)
+
+
+def _normalised(options: Mapping[str, str], key_columns: tuple[str, ...]) -> dict[str, str]:
+    """The options as the routed tasks will parse them, on executors: the warehouse made
+    absolute here (the executors' working directory differs), the key spelled out."""
+    raw = {k: str(v) for k, v in options.items()}
+    lowered = {k.lower(): k for k in raw}
+    warehouse = lowered.get("warehouse")
+    raw[warehouse or "warehouse"] = os.path.abspath(raw[warehouse] if warehouse else DEFAULT_WAREHOUSE)
+    given = lowered.get("primary_key")
+    if given is None:
+        raw["primary_key"] = ",".join(key_columns)
+    elif [c.strip().lower() for c in raw[given].split(",") if c.strip()] != [c.lower() for c in key_columns]:
+        raise OptionError(
+            f"cluster_by_key: the key columns ({', '.join(key_columns)}) differ from option 'primary_key' ({raw[given]}); "
+            "route by exactly the primary key, in its order"
+        )
+    return raw
+
+
+def _key_cast_types(df: Any, options: WriteOptions, key_columns: tuple[str, ...]) -> list[str]:
+    """The Spark type each key column is cast to before hashing: its table column's (the
+    index hashes the values as data files store them)."""
+    from pyiceberg.types import (
+        BinaryType,
+        BooleanType,
+        DateType,
+        DecimalType,
+        FixedType,
+        IntegerType,
+        LongType,
+        StringType,
+        TimestampType,
+        TimestamptzType,
+    )
+
+    names = {f.name.lower(): f.name for f in df.schema.fields}
+    for column in key_columns:
+        if column.lower() not in names:
+            raise SchemaError(f"cluster_by_key: key column '{column}' is not in the DataFrame (columns: {', '.join(df.columns)})")
+    schema, _spec, _sources = write_layout(options, df.schema)
+    identifier = [schema.find_column_name(i) or "" for i in sorted(schema.identifier_field_ids)]
+    if identifier and [c.lower() for c in identifier] != [c.lower() for c in key_columns]:
+        raise OptionError(
+            f"cluster_by_key: the key columns ({', '.join(key_columns)}) differ from table {options.table}'s identifier "
+            f"fields ({', '.join(identifier)}); route by exactly the table's key, in its order"
+        )
+    casts = []
+    for column in key_columns:
+        field = next(f for f in schema.fields if f.name.lower() == column.lower())
+        t = field.field_type
+        simple: dict[type, str] = {
+            BooleanType: "boolean", IntegerType: "int", LongType: "bigint", DateType: "date", StringType: "string",
+            BinaryType: "binary", FixedType: "binary", TimestampType: "timestamp_ntz", TimestamptzType: "timestamp",
+        }
+        cast = simple.get(type(t))
+        if isinstance(t, DecimalType) and t.precision <= 18:
+            cast = f"decimal({t.precision},{t.scale})"
+        if cast is None:
+            raise SchemaError(
+                f"cluster_by_key: key column '{column}' has type {t}, which cannot be routed (supported: boolean, int, "
+                "long, date, timestamp, string, binary, decimal of up to 18 digits); write this table without cluster_by_key"
+            )
+        casts.append(cast)
+    return casts
+
+
+def _route_column(key_columns: tuple[str, ...], casts: list[str], shards: int, partitions: int) -> Any:
+    from pyspark.sql import functions as F
+
+    hashed = F.xxhash64(*(F.col(f"`{c}`").cast(t) for c, t in zip(key_columns, casts)))
+    values = route_values(shards, partitions, key_columns)
+    return F.element_at(F.array(*(F.lit(v) for v in values)), (F.pmod(hashed, F.lit(shards)) + 1).cast("int"))
+
+
+def _stateful_route(routed: Any, raw: dict[str, str], shards: int) -> Any:
+    from pyspark.sql.streaming.state import GroupStateTimeout
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    codec = RowCodec(routed.schema)  # a column it cannot carry exactly is refused here
+    data_schema = routed.schema.json()
+    spec = {"options": raw, "schema": data_schema, "shards": shards}
+    output = StructType([StructField(RESULT_COLUMN, BinaryType(), False, metadata={_SPEC: spec})])
+    encoded = codec.encode(routed)
+    return encoded.groupBy(ROUTE_COLUMN).applyInPandasWithState(
+        _ShardWriter(raw, data_schema), output, "unused int", "append", GroupStateTimeout.NoTimeout
+    )
+
+
+class _ShardWriter:
+    """The function the stateful operator runs per shard and micro-batch, on an executor:
+    plan against the table, write the shard's rows through its host's index, and hand on
+    the commit message. Picklable: options and schema travel as plain values."""
+
+    def __init__(self, raw: dict[str, str], data_schema: str) -> None:
+        self.raw = raw
+        self.data_schema = data_schema
+
+    def __call__(self, key: tuple[Any, ...], frames: Iterator[Any], state: Any) -> Iterator[Any]:
+        import pandas as pd
+        from pyspark.sql.types import StructType
+
+        from lakesink_datasource.table.setup import plan_routed_task
+        from lakesink_datasource.worker_gc import settle_imports
+        from lakesink_datasource.write.task import write_task
+
+        settle_imports()
+        schema = StructType.fromJson(json.loads(self.data_schema))
+        codec = RowCodec(schema)
+        plan = plan_routed_task(parse_options(self.raw), schema, _execution_write_id())
+        message = write_task(plan, (codec.decode(frame) for frame in frames))
+        yield pd.DataFrame({RESULT_COLUMN: [message.payload]})
+
+
+def _execution_write_id() -> str:
+    """One id for every task of one execution of a micro-batch (Spark's query execution id,
+    new when a restarted query runs the batch again): the tasks' undo tokens and the
+    snapshot's write id must name the same write."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    execution = ctx.getLocalProperty("spark.sql.execution.query.id") if ctx is not None else None
+    if not execution:
+        raise RouteError("a routed keyed task found no Spark query execution id; it runs only inside a streaming query")
+    return uuid.UUID(execution).hex
+
+
+@dataclass(frozen=True)
+class RoutedStream:
+    """What the sink of a routed stream plans with: the options cluster_by_key got (with
+    commit-only options the sink adds) and the schema of the rows the tasks wrote."""
+
+    options: dict[str, str]
+    data_schema: Any
+    shards: int
+
+
+def routed_stream(schema: Any, sink_options: Mapping[str, str]) -> RoutedStream | None:
+    """The routed stream behind a sink's input schema, or None when it is not one. Options
+    given to the sink too must agree with cluster_by_key's (its tasks wrote with those)."""
+    from pyspark.sql.types import StructType
+
+    if len(schema.fields) != 1 or schema.fields[0].name != RESULT_COLUMN:
+        return None
+    spec = schema.fields[0].metadata.get(_SPEC)
+    if spec is None:
+        return None
+    raw = {k.lower(): v for k, v in spec["options"].items()}
+    merged = {**raw, **{k.lower(): v for k, v in sink_options.items()}}
+    tasks, combined = parse_options(raw), parse_options(merged)
+    differing = sorted(
+        name for name in WriteOptions.__struct_fields__
+        if name not in _COMMIT_ONLY and getattr(tasks, name) != getattr(combined, name)
+    )
+    if differing:
+        raise OptionError(
+            f"option(s) {', '.join(differing)} given to writeStream differ from cluster_by_key's, whose options the routed "
+            "tasks wrote with: give them to cluster_by_key only (the sink may add maintenance, progress, "
+            "snapshot_property.* and checkpointLocation)"
+        )
+    return RoutedStream(merged, StructType.fromJson(json.loads(spec["schema"])), int(spec["shards"]))

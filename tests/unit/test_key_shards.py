@@ -1,0 +1,189 @@
+"""Key shards (issue 36): a host holds and updates only the shards its tasks get.
+
+Rows are routed as `cluster_by_key` routes them (the route value Spark would compute,
+here from the Python replica of its hash, which tests/integration/test_key_routing.py
+checks against Spark itself), each shard's task runs the production path (plan_write ->
+write_task -> commit_write) on a host (an index directory) that may change from batch to
+batch, as when an executor is lost, and the table is compared with the dict model of
+tests/keyed_model.py through DuckDB and pyiceberg. Unrouted writes (a batch job, another
+stream) and compactions land between routed batches; every shard's index must follow them
+and hold no key of another shard.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import event, given, note, settings
+from hypothesis import strategies as st
+from hypothesis_profiles import examples
+from keyed_model import Config, Harness, Model, arrow_schema, label_batches, micro_batches, spark_schema
+from pyspark.sql import types as T
+
+from lakesink_datasource.index.for_write import index_location
+from lakesink_datasource.index.key_columns import KeyColumns
+from lakesink_datasource.index.key_route import ROUTE_COLUMN, KeyRoute, decode_route, key_fingerprint, route_values, shard_of_keys
+from lakesink_datasource.index.sharded_index import open_sharded
+from lakesink_datasource.maintenance.compaction import compact
+from lakesink_datasource.messages import decode_messages
+from lakesink_datasource.table.setup import plan_write
+from lakesink_datasource.write.changes import KeyedInputError
+from lakesink_datasource.write.task import TaskIdentity, write_task
+
+SHARDS = 3
+
+
+# --------------------------------------------------------------------------- the route
+
+
+@pytest.mark.parametrize("shards, partitions", [(1, 1), (2, 2), (3, 8), (16, 16), (200, 200)])
+def test_route_values_name_their_shard_and_key(shards: int, partitions: int) -> None:
+    values = route_values(shards, partitions, ["Tenant", "id"])
+    assert len(set(values)) == shards
+    for shard, value in enumerate(values):
+        route, fingerprint = decode_route(value)
+        assert route == KeyRoute(shard, shards)
+        assert fingerprint == key_fingerprint(["tenant", "ID"]) != key_fingerprint(["id", "tenant"])
+        assert 0 < value < 1 << 63
+
+
+def test_a_key_belongs_to_exactly_one_shard() -> None:
+    ids = pa.array(np.arange(-5000, 5000, dtype=np.int64))
+    names = pa.array([f"name-{i}" for i in range(10_000)])
+    table = pa.table({"id": ids, "name": names})
+    seen = np.zeros(len(ids), dtype=int)
+    for shard in range(4):
+        columns = KeyColumns(("id", "name"), None, KeyRoute(shard, 4))
+        kept, mask = columns.own_rows(table)
+        assert mask is not None and kept.num_rows == int(mask.sum())
+        seen += mask
+        # Rows are kept in their order, and what is kept is exactly the shard's.
+        assert (shard_of_keys([kept["id"], kept["name"]], 4) == shard).all()
+    assert (seen == 1).all()
+    counts = np.bincount(shard_of_keys([ids, names], 4), minlength=4)
+    assert counts.min() > 2000, f"shards are uneven: {counts}"  # 10,000 keys, 4 shards
+    assert KeyColumns(("id",), None).own_rows(table) == (table, None)
+
+
+# --------------------------------------------------------------------------- routed batches
+
+
+def routed_schema(config: Config) -> T.StructType:
+    return T.StructType([*spark_schema(config).fields, T.StructField(ROUTE_COLUMN, T.LongType(), False)])
+
+
+def route_batch(batch: list[list[list[dict]]], shards: int) -> dict[int, list[list[dict]]]:
+    """A batch's rows as cluster_by_key hands them to tasks: shard -> the shard's task
+    (its rows of each incoming Arrow batch, in order; a key's rows all in one task)."""
+    tasks: dict[int, list[list[dict]]] = {}
+    for task in batch:
+        for rows in task:
+            ids = pa.array([r["id"] for r in rows], type=pa.int64())
+            shard_of = shard_of_keys([ids], shards).tolist() if rows else []
+            for shard in range(shards):
+                part = [r for r, s in zip(rows, shard_of) if s == shard]
+                if part:
+                    tasks.setdefault(shard, []).append(part)
+    return tasks
+
+
+def run_routed(harness: Harness, batch: list[list[list[dict]]], batch_id: int, hosts: list[int]) -> list:
+    """Write a batch routed by key shard, shard r's task on host hosts[r]; commit it."""
+    plan = plan_write(harness.options, routed_schema(harness.config), overwrite=False)
+    assert plan.keyed is not None and plan.keyed.routed
+    values = route_values(SHARDS, SHARDS, ["id"])
+    messages = []
+    for partition, (shard, task) in enumerate(sorted(route_batch(batch, SHARDS).items())):
+        batches = [
+            pa.RecordBatch.from_pylist(rows, schema=arrow_schema(harness.config)).append_column(
+                ROUTE_COLUMN, pa.array([values[shard]] * len(rows), type=pa.int64())
+            )
+            for rows in task
+        ]
+        who = TaskIdentity(partition_id=partition, batch_id=batch_id, query_id="routed-query")
+        messages.append(write_task(harness.on_host(plan, hosts[shard]), iter(batches), who=who))
+    harness.commit(plan, messages, batch_id)
+    return decode_messages(messages)
+
+
+def shard_index_path(harness: Harness, host: int, shard: int) -> str:
+    return index_location(harness.host_dir(host), harness.table().metadata, KeyRoute(shard, SHARDS))
+
+
+def assert_shards_hold_only_their_keys(harness: Harness, keys: range) -> None:
+    ids = pa.array(list(keys), type=pa.int64())
+    shard_of = shard_of_keys([ids], SHARDS)
+    from lakesink_datasource.index.key_encoding import encode_keys
+
+    encoded = encode_keys([ids])
+    for host in (0, 1):
+        for shard in range(SHARDS):
+            path = shard_index_path(harness, host, shard)
+            if not os.path.isdir(path):
+                continue
+            index = open_sharded(path, 1)
+            found = [loc is not None for loc in index.lookup(encoded)]
+            strays = [k for k, hit, s in zip(keys, found, shard_of.tolist()) if hit and s != shard]
+            assert strays == [], f"host {host}'s index of shard {shard} holds keys of other shards: {strays}"
+
+
+CONFIGS = [Config("cdc", "bucket(2, id)", True), Config("upsert", None, False), Config("dedupe", "days(ts)", False), Config("cdc", None, True, 2)]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[str(c) for c in CONFIGS])
+@settings(max_examples=examples(12), deadline=None)
+@given(data=st.data())
+def test_routed_batches_on_moving_shards_match_the_model(config: Config, data: st.DataObject) -> None:
+    """Shards run on two hosts and move between them; unrouted writes and compactions land
+    between routed batches. The table matches the model after every batch, and no shard's
+    index holds another shard's key."""
+    batches = data.draw(micro_batches(config.operation, config.sequence, 2, 5), label="batches")
+    labelled = label_batches(config, batches)
+    with Harness(config) as harness:
+        model = Model(config)
+        for batch_id, batch in enumerate(labelled):
+            kind = data.draw(st.sampled_from(["routed", "routed", "unrouted"]), label=f"batch {batch_id}")
+            if kind == "routed":
+                hosts = data.draw(st.lists(st.integers(0, 1), min_size=SHARDS, max_size=SHARDS), label=f"hosts of batch {batch_id}")
+                note(f"batch {batch_id}: routed, shards on hosts {hosts}")
+                results = run_routed(harness, batch, batch_id, hosts)
+                assert all(r.host for r in results)
+                model.apply_batch([task for _shard, task in sorted(route_batch(batch, SHARDS).items())])
+            else:
+                note(f"batch {batch_id}: unrouted, on host 0's whole index")
+                harness.run_batch(batch, batch_id)
+                model.apply_batch(batch)
+            harness.assert_matches(model.expected(), f"after batch {batch_id} ({kind})")
+            if data.draw(st.booleans(), label=f"compact after {batch_id}") and harness.table().metadata.current_snapshot() is not None:
+                result = compact(harness.table(), budget_bytes=1 << 40, tiered=False)
+                event("compacted" if result.snapshot_id is not None else "nothing to compact")
+        assert_shards_hold_only_their_keys(harness, range(16))
+
+
+def test_a_task_given_rows_of_two_shards_refuses_before_writing() -> None:
+    config = Config("upsert")
+    with Harness(config) as harness:
+        plan = plan_write(harness.options, routed_schema(config), overwrite=False)
+        values = route_values(2, 1, ["id"])  # two shards, one partition: both land in it
+        batch = pa.RecordBatch.from_pylist(
+            [{"id": 1, "v": "a", "ts": None}, {"id": 2, "v": "b", "ts": None}], schema=arrow_schema(config)
+        ).append_column(ROUTE_COLUMN, pa.array(values, type=pa.int64()))
+        with pytest.raises(KeyedInputError, match=r"rows of key shards 0, 1 of 2: a task must hold one key shard.*shards=") as info:
+            write_task(plan, iter([batch]), who=TaskIdentity(batch_id=0, query_id="q"))
+        assert "Nothing was written" in str(info.value)
+        assert harness.table().metadata.current_snapshot() is None
+
+
+def test_rows_routed_by_other_columns_than_the_key_are_refused() -> None:
+    config = Config("upsert")
+    with Harness(config) as harness:
+        plan = plan_write(harness.options, routed_schema(config), overwrite=False)
+        value = route_values(1, 1, ["v"])[0]  # routed by v, the key is id
+        batch = pa.RecordBatch.from_pylist([{"id": 1, "v": "a", "ts": None}], schema=arrow_schema(config)).append_column(
+            ROUTE_COLUMN, pa.array([value], type=pa.int64())
+        )
+        with pytest.raises(KeyedInputError, match=r"routed by cluster_by_key on other columns than the write's primary key \(id\)"):
+            write_task(plan, iter([batch]), who=TaskIdentity(batch_id=0, query_id="q"))
