@@ -19,6 +19,7 @@ gives each Spark partition one shard, so a host holds only the shards its tasks 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import uuid
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lakesink_datasource.errors import LakesinkError
-from lakesink_datasource.index.key_route import MAX_SHARDS, ROUTE_COLUMN, route_values
+from lakesink_datasource.index.key_route import MAX_SHARDS, ROUTE_COLUMN, ROUTE_KEY, route_values
 from lakesink_datasource.options import DEFAULT_WAREHOUSE, KEYED_OPERATIONS, OptionError, WriteOptions, parse_options
 from lakesink_datasource.routed_rows import RowCodec
 from lakesink_datasource.schema.spark_types import SchemaError
@@ -69,8 +70,13 @@ def cluster_by_key(df: Any, *key_columns: str, shards: int | None = None, **opti
     if not isinstance(count, int) or not 0 < count <= MAX_SHARDS:
         raise OptionError(f"cluster_by_key: shards must be an integer between 1 and {MAX_SHARDS}, got {shards!r}")
     routed = df.withColumn(ROUTE_COLUMN, _route_column(key_columns, key_types, count, partitions if df.isStreaming else count))
+    # The route names its key: a write of the routed rows needs no primary_key option of its own.
+    routed = routed.withMetadata(ROUTE_COLUMN, {ROUTE_KEY: list(key_columns)})
     if not df.isStreaming:
         return routed.repartition(count, ROUTE_COLUMN)
+    if importlib.util.find_spec("pandas") is None:  # PySpark's stateful operator refuses to run without it
+        raise RouteError("cluster_by_key on a stream needs pandas (PySpark's applyInPandasWithState requires it): "
+                         "pip install 'lakesink-datasource[cluster]'")
     if count > partitions:
         raise OptionError(
             f"cluster_by_key: shards={count} exceeds spark.sql.shuffle.partitions={partitions}; a stream's partitions each "

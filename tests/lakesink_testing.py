@@ -86,3 +86,13 @@ def current_snapshot_id(warehouse: str, identifier: str) -> int | None:
     except Exception:  # noqa: BLE001 - no readable table: no snapshot
         return None
     return snap.snapshot_id if snap else None
+
+
+def keys_in_shard_index(path: str | os.PathLike, keys: Iterable[int]) -> set[int]:
+    """Which of these bigint keys an index of one key shard (at `path`) holds."""
+    from lakesink_datasource.index.key_encoding import encode_keys
+    from lakesink_datasource.index.sharded_index import open_sharded
+
+    wanted = list(keys)
+    found = open_sharded(str(path), 1).lookup(encode_keys([pa.array(wanted, type=pa.int64())]))
+    return {k for k, location in zip(wanted, found) if location is not None}

@@ -27,9 +27,10 @@ import pyarrow as pa
 
 from lakesink_datasource.index.spark_hash import murmur3_long, xxhash64
 
-__all__ = ["MAX_SHARDS", "ROUTE_COLUMN", "KeyRoute", "key_fingerprint", "route_values", "shard_of_keys"]
+__all__ = ["MAX_SHARDS", "ROUTE_COLUMN", "ROUTE_KEY", "KeyRoute", "key_fingerprint", "route_values", "shard_of_keys"]
 
 ROUTE_COLUMN = "__lakesink_key_shard"
+ROUTE_KEY = "lakesink_key_columns"  # the route column's metadata: the key columns it hashed
 MAX_SHARDS = 1 << 15
 _SALTS = 1 << 14
 

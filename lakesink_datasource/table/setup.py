@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 
+import msgspec
 from pyiceberg.catalog import Catalog, MetastoreCatalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchNamespaceError, NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.io import load_file_io
@@ -25,7 +26,7 @@ from lakesink_datasource.iceberg.compat import v3_metadata_writes
 from lakesink_datasource.iceberg.history import branch_head
 from lakesink_datasource.iceberg.properties import CREATE_DEFAULTS, FORMAT_VERSION, PropertyError, TableSettings
 from lakesink_datasource.iceberg.row_filter import FilterError, parse_filter
-from lakesink_datasource.index.key_route import ROUTE_COLUMN
+from lakesink_datasource.index.key_route import ROUTE_COLUMN, ROUTE_KEY
 from lakesink_datasource.options import KEYED_OPERATIONS, OptionError, WriteOptions
 from lakesink_datasource.schema.evolution import Evolution, describe_differences, merge_schema
 from lakesink_datasource.schema.spark_types import SchemaError, check_dataframe_columns, column_mapping, spark_to_iceberg_schema
@@ -52,19 +53,33 @@ def _stored_columns(options: WriteOptions, spark_schema: StructType) -> StructTy
     return StructType([f for f in spark_schema.fields if f.name.lower() != options.op_column.lower()])
 
 
-def without_route(spark_schema: StructType) -> tuple[StructType, bool]:
-    """The DataFrame's columns without cluster_by_key's route column, and whether it had it
-    (the column routes rows to key shards; it is never stored)."""
+def without_route(spark_schema: StructType) -> tuple[StructType, tuple[str, ...] | None]:
+    """The DataFrame's columns without cluster_by_key's route column (it routes rows to key
+    shards; it is never stored), and the key columns the route hashed (None: not routed)."""
+    route = next((f for f in spark_schema.fields if f.name == ROUTE_COLUMN), None)
+    if route is None:
+        return spark_schema, None
     fields = [f for f in spark_schema.fields if f.name != ROUTE_COLUMN]
-    return (StructType(fields), True) if len(fields) != len(spark_schema.fields) else (spark_schema, False)
+    return StructType(fields), tuple(route.metadata.get(ROUTE_KEY) or ())
 
 
-def _check_route(options: WriteOptions, routed: bool) -> None:
-    if routed and options.operation not in KEYED_OPERATIONS:
+def _with_route(options: WriteOptions, route_key: tuple[str, ...] | None) -> WriteOptions:
+    """The options of a write of routed rows: keyed, with the route's key as primary key."""
+    if route_key is None:
+        return options
+    if options.operation not in KEYED_OPERATIONS:
         raise OptionError(
             f"the DataFrame was routed by cluster_by_key, which is for keyed writes (operation upsert, cdc or dedupe), "
             f"not operation {options.operation!r}: for appends use cluster_by_partition, or write the DataFrame unrouted"
         )
+    if options.primary_key is None and route_key:
+        return msgspec.structs.replace(options, primary_key=route_key)
+    if route_key and [c.lower() for c in options.primary_key or ()] != [c.lower() for c in route_key]:
+        raise OptionError(
+            f"option 'primary_key' ({', '.join(options.primary_key or ())}) differs from the key cluster_by_key routed the "
+            f"rows by ({', '.join(route_key)}): give the same columns, or leave primary_key out"
+        )
+    return options
 
 
 def _new_table_schema(options: WriteOptions, spark_schema: StructType) -> Schema:
@@ -331,8 +346,9 @@ def _evolution(options: WriteOptions, spark_schema: StructType, table: Table, ke
 def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool) -> WritePlan:
     # Validate everything that does not need the table first, so a bad option never
     # creates a table as a side effect.
-    spark_schema, routed = without_route(spark_schema)
-    _check_route(options, routed)
+    spark_schema, route_key = without_route(spark_schema)
+    options = _with_route(options, route_key)
+    routed = route_key is not None
     check_dataframe_columns(spark_schema)
     _check_keyed_options(options, spark_schema, overwrite)
     _check_write_target(options, overwrite)

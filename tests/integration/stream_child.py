@@ -1,7 +1,8 @@
 """A streaming job in its own process, so a test can SIGKILL it mid-flight and restart it.
 
 usage: stream_child.py SOURCE CHECKPOINT WAREHOUSE TABLE [extra option=value ...]
-Runs the query with trigger(availableNow=True), one input file per micro-batch.
+Runs the query with trigger(availableNow=True), one input file per micro-batch; with
+route=N the rows go through cluster_by_key(df, "id", shards=N, **options).
 """
 
 from __future__ import annotations
@@ -27,17 +28,17 @@ def main(source: str, checkpoint: str, warehouse: str, table: str, *extra: str) 
     )
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(LakeSinkDataSource)
-    writer = (
-        spark.readStream.schema("id long, name string").option("maxFilesPerTrigger", 1).parquet(source)
-        .writeStream.format("lakesink")
-        .option("checkpointLocation", checkpoint)
-        .option("warehouse", warehouse)
-        .option("table", table)
-    )
-    for item in extra:
-        key, value = item.split("=", 1)
-        writer = writer.option(key, value)
-    query = writer.trigger(availableNow=True).start()
+    options = {"warehouse": warehouse, "table": table, **dict(item.split("=", 1) for item in extra)}
+    df = spark.readStream.schema("id long, name string").option("maxFilesPerTrigger", 1).parquet(source)
+    shards = options.pop("route", None)
+    if shards is not None:
+        # route=N: keyed writes through cluster_by_key, the write's options given to it alone.
+        from lakesink_datasource import cluster_by_key
+
+        writer = cluster_by_key(df, "id", shards=int(shards), **options).writeStream.format("lakesink")
+    else:
+        writer = df.writeStream.format("lakesink").options(**options)
+    query = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
     query.awaitTermination()
     spark.stop()
 

@@ -156,6 +156,7 @@ def upsert_model(batches: list[list[dict]]) -> Counter:
     return expected_rows(list(live.values()), COLUMNS)
 
 
+@pytest.mark.parametrize("routed", [False, True], ids=["unrouted", "cluster_by_key"])
 @pytest.mark.parametrize(
     "fault, batches_visible_after_crash",
     [
@@ -165,11 +166,17 @@ def upsert_model(batches: list[list[dict]]) -> Counter:
     ],
     ids=["kill-after-commit", "kill-during-task-writes", "task-failure-abort"],
 )
-def test_keyed_upserts_survive_crashes_and_the_index_recovers(tmp_path: Path, warehouse: str, fault: dict, batches_visible_after_crash: int) -> None:
+def test_keyed_upserts_survive_crashes_and_the_index_recovers(
+    tmp_path: Path, warehouse: str, fault: dict, batches_visible_after_crash: int, routed: bool
+) -> None:
+    """Also through cluster_by_key, whose keyed work runs inside Spark's stateful operator:
+    a kill while it writes, a task failure, a kill after the Iceberg commit."""
     from lakesink_datasource.check import check_table
 
     batches = make_keyed_source(tmp_path / "source", batches=4)
-    keyed = ("operation=upsert", "primary_key=id", f"index_dir={tmp_path / 'index'}")
+    keyed: tuple[str, ...] = ("operation=upsert", "primary_key=id", f"index_dir={tmp_path / 'index'}")
+    if routed:
+        keyed += ("route=2",)
     code = run_child(tmp_path, warehouse, [fault], keyed)
     assert code != 0
     assert_readers_see(warehouse, "db.stream", upsert_model(batches[:batches_visible_after_crash]), COLUMNS)
