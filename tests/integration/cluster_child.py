@@ -7,6 +7,8 @@ SCENARIO "speculation": the same session with spark.speculation=true: an append,
 keyed write. SCENARIO "replace": a keyed CDC stream clustered by key over the first half of
 the batches, then a pause (the file `<OUT_JSON>.paused` appears; the test replaces a worker
 and writes `<OUT_JSON>.resume`), then the same stream (same checkpoint) over the rest.
+SCENARIO "routed": the same through cluster_by_key (4 key shards), an executor killed during
+batch 2, the pause after batch 3.
 OUT_JSON records what each step did, for the test to compare with its model.
 """
 
@@ -24,10 +26,10 @@ SCHEMA = "id long, v string, op string, seq long"
 TABLE = "db.cdc"
 
 
-def cdc_batches() -> list[list[tuple[int, str, str, int]]]:
-    """Four batches over keys 0..199: inserts, updates, deletes, late (older) changes."""
+def cdc_batches(count: int = 4) -> list[list[tuple[int, str, str, int]]]:
+    """Batches over keys 0..199: inserts, updates, deletes, late (older) changes."""
     batches = []
-    for b in range(4):
+    for b in range(count):
         rows = []
         for k in range(200):
             if (k + b) % 3 == 0:
@@ -55,6 +57,8 @@ def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> N
     )
     if scenario == "speculation":
         builder = builder.config("spark.speculation", "true")
+    if scenario == "routed":
+        builder = builder.config("spark.sql.shuffle.partitions", "4")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(LakeSinkDataSource)
@@ -80,7 +84,41 @@ def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> N
         except Exception as exc:  # noqa: BLE001 (the test checks the message)
             return str(exc)
 
-    if scenario == "replace":
+    if scenario == "routed":
+        # A keyed CDC stream through cluster_by_key (4 key shards on 2 one-core workers): an
+        # executor is killed while it writes batch 2, then the driver pauses (the test
+        # replaces a worker) and the same query goes on over batches 4..7.
+        from lakesink_datasource import cluster_by_key
+
+        source, checkpoint = f"{out}.source", f"{out}.checkpoint"
+        batches = cdc_batches(8)
+        routed_options = {k: v for k, v in keyed.items() if k != "primary_key"}
+
+        def routed_stream(first: int, last: int) -> None:
+            for b in range(first, last):
+                spark.createDataFrame(batches[b], SCHEMA).coalesce(1).write.mode("append").parquet(source)
+            both_executors()
+            df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(source)
+            query = (
+                cluster_by_key(df, "id", **routed_options).writeStream.format("lakesink")
+                .option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+            )
+            query.awaitTermination()
+
+        with open(faults, "w") as f:  # the first shard task of batch 2 to finish writing loses its executor
+            json.dump([{"point": "task_files_written", "batch": 2, "action": "kill_executor", "once": True}], f)
+        routed_stream(0, 4)
+        with open(faults) as f:
+            report["fault_fired"] = json.load(f) == []
+        open(f"{out}.paused", "w").close()
+        deadline = time.monotonic() + 300
+        while not os.path.exists(f"{out}.resume"):
+            if time.monotonic() > deadline:
+                raise SystemExit("the test never replaced the worker")
+            time.sleep(0.1)
+        routed_stream(4, 8)
+        report["done"] = True
+    elif scenario == "replace":
         source, checkpoint = f"{out}.source", f"{out}.checkpoint"
         batches = cdc_batches()
 

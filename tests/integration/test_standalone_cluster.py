@@ -137,3 +137,63 @@ def test_a_keyed_stream_goes_on_exactly_when_a_worker_is_lost_and_a_fresh_one_jo
     assert any((fresh / ".cache" / "lakesink" / "index").glob("*/shard-*/data.mdb")), "the new worker never indexed a key"
     hosts = {h for s in table.metadata.snapshots if s.summary for h in s.summary.additional_properties.get(HOSTS, "").split(",") if h}
     assert len(hosts) >= 3, hosts  # both first hosts, then the fresh one
+
+
+def _shard_owners(home: Path, table_uuid: str, shards: int) -> dict[str, int]:
+    """The host name each key shard's index would have on the worker with this HOME."""
+    from lakesink_datasource.index.key_route import KeyRoute
+    from lakesink_datasource.index.owner import index_owner
+
+    base = home / ".cache" / "lakesink" / "index"
+    return {index_owner(str(base / f"{table_uuid}.{KeyRoute(s, shards).name()}")): s for s in range(shards)}
+
+
+def test_a_routed_keyed_stream_keeps_each_shard_on_its_worker(cluster: Cluster, tmp_path: Path) -> None:
+    """cluster_by_key on two workers: each worker holds only the key shards its executor
+    runs, a shard stays on its worker from batch to batch, an executor killed mid-batch and a
+    worker replaced between batches move only their own shards, and the table is exact."""
+    from lakesink_datasource.iceberg.summary_keys import COMPACTION, EPOCH_ID
+
+    homes_before = list(cluster.homes)
+    lost = len(cluster.homes) - 1
+
+    def replace_a_worker() -> None:
+        cluster.kill_worker(lost)
+        cluster.start_worker()
+
+    report = _drive(cluster.master, tmp_path, "routed", on_pause=replace_a_worker)
+    assert report["done"] and report["fault_fired"]
+    warehouse = str(tmp_path / "warehouse")
+    model = _model(cdc_batches(8))
+    assert_readers_see(warehouse, TABLE, expected_rows(list(model.values()), COLUMNS), COLUMNS)
+    table = load(warehouse, TABLE)
+    assert check_table(table) == []
+
+    # Which worker held which shard in each batch, from the hosts each batch's snapshot lists.
+    owners = {}
+    for worker, home in enumerate(cluster.homes):
+        owners.update({name: (worker, shard) for name, shard in _shard_owners(home, str(table.metadata.table_uuid), 4).items()})
+    placement: dict[int, dict[int, int]] = {}
+    for snapshot in table.metadata.snapshots:
+        props = snapshot.summary.additional_properties
+        if COMPACTION in props or EPOCH_ID not in props:
+            continue
+        held = [owners[h] for h in props[HOSTS].split(",")]
+        placement[int(props[EPOCH_ID])] = {shard: worker for worker, shard in held}
+    assert sorted(placement) == list(range(8))
+    assert all(sorted(p) == [0, 1, 2, 3] for p in placement.values()), placement
+    # Steady state: no shard moved between batch 0 and batch 1 (before the executor was lost).
+    assert placement[0] == placement[1], placement
+    assert set(placement[0].values()) == {0, 1}, f"both workers hold shards: {placement[0]}"
+    # After the worker was replaced: the survivor's shards stayed where they were.
+    survivor = next(w for w in range(len(homes_before)) if w != lost)
+    before = {s for s, w in placement[3].items() if w == survivor}
+    after = {s for s, w in placement[7].items() if w == survivor}
+    assert before <= after, placement
+    moved = [b for b in range(1, 8) if placement[b] != placement[b - 1]]
+    assert set(moved) <= {2, 3, 4}, f"shards moved in steady state: {placement}"
+    # A worker holds the indexes of the shards it ran, and no other.
+    for worker, home in enumerate(cluster.homes):
+        ran = {s for p in placement.values() for s, w in p.items() if w == worker}
+        held = {int(p.name.split("key-shard-")[1][:5]) for p in (home / ".cache" / "lakesink" / "index").glob("*.key-shard-*")}
+        assert held == ran, f"worker {worker} holds shards {held}, ran {ran}"

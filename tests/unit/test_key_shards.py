@@ -20,9 +20,10 @@ import pytest
 from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 from hypothesis_profiles import examples
-from keyed_model import Config, Harness, Model, arrow_schema, label_batches, micro_batches, spark_schema
+from keyed_model import Change, Config, Harness, Model, arrow_schema, label_batches, micro_batches, spark_schema
 from pyspark.sql import types as T
 
+from lakesink_datasource.index import published
 from lakesink_datasource.index.for_write import index_location
 from lakesink_datasource.index.key_columns import KeyColumns
 from lakesink_datasource.index.key_route import ROUTE_COLUMN, KeyRoute, decode_route, key_fingerprint, route_values, shard_of_keys
@@ -187,3 +188,72 @@ def test_rows_routed_by_other_columns_than_the_key_are_refused() -> None:
         )
         with pytest.raises(KeyedInputError, match=r"routed by cluster_by_key on other columns than the write's primary key \(id\)"):
             write_task(plan, iter([batch]), who=TaskIdentity(batch_id=0, query_id="q"))
+
+
+# --------------------------------------------------------------------------- shards that move
+
+
+@pytest.fixture
+def publish_often(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(published, "MIN_KEYS", 0)
+    monkeypatch.setattr(published, "MIN_CHANGED_ROWS", 0)
+    monkeypatch.setattr(published, "CHANGED_FRACTION", 0)
+
+
+def _copies_by_shard(harness: Harness) -> dict[int, list[str]]:
+    table = harness.table()
+    return {s: published.complete_copies(table.io, published.copies_root(table.metadata, KeyRoute(s, SHARDS))) for s in range(SHARDS)}
+
+
+@pytest.mark.parametrize("damaged", [False, True], ids=["copy", "damaged-copy"])
+def test_a_shard_that_moves_starts_from_its_own_published_copy(publish_often: None, damaged: bool) -> None:
+    """Shard copies are published per shard; a host that gets a shard it never held fetches
+    that shard's copy (or, when it is damaged, rebuilds that shard alone from the table)
+    and walks that shard's changes since."""
+    config = Config("cdc", "bucket(2, id)", True)
+    batches = label_batches(config, [
+        [[[Change(k, "c", seq=1) for k in range(16)]]],
+        [[[Change(k, "d" if k % 5 == 0 else "u", seq=2) for k in range(0, 16, 2)]]],
+        [[[Change(k, "u", seq=3) for k in range(16)]]],
+        [[[Change(k, "u", seq=4) for k in range(1, 16, 3)]]],
+    ])
+    with Harness(config) as harness:
+        model = Model(config)
+        for batch_id in (0, 1, 2):  # every shard on host 0; batch 1's and 2's syncs publish copies
+            run_routed(harness, batches[batch_id], batch_id, [0] * SHARDS)
+            model.apply_batch([task for _s, task in sorted(route_batch(batches[batch_id], SHARDS).items())])
+        published.wait_for_publishing()
+        copies = _copies_by_shard(harness)
+        assert all(copies.values()), f"a shard published no copy: {copies}"
+        table = harness.table()
+        top = published.copies_root(table.metadata)
+        # The whole index's folder holds none of them: a host of the whole index never takes a shard's copy.
+        assert published.complete_copies(table.io, top) == []
+        kept = published.kept_files(table.io, table.metadata)
+        assert {p.split("/_lakesink_index/")[1].split("/")[0] for p in kept} == {KeyRoute(s, SHARDS).name() for s in range(SHARDS)}
+        if damaged:  # every copy of every shard: a page overwritten, its SHA-256 no longer matches
+            for shard in range(SHARDS):
+                for name in copies[shard]:
+                    path = f"{published.copies_root(table.metadata, KeyRoute(shard, SHARDS))}/{name}/shard-00.mdb".removeprefix("file://")
+                    with open(path, "r+b") as f:
+                        f.seek(4096)
+                        f.write(b"\x00" * 64)
+        # Shard 1 moves to host 1 (its executor was lost); the others stay.
+        results = run_routed(harness, batches[3], 3, [0, 1, 0])
+        model.apply_batch([task for _s, task in sorted(route_batch(batches[3], SHARDS).items())])
+        harness.assert_matches(model.expected(), "after shard 1 moved")
+        moved = [r for r in results if r.host.endswith(_digest_of(harness, 1, 1))]
+        stayed = [r for r in results if r not in moved]
+        assert len(moved) == 1
+        expected_start = "rebuilt from the table" if damaged else "fetched from a published copy"
+        assert moved[0].index_sync.startswith(expected_start), moved[0].index_sync
+        assert all(r.index_sync.startswith("caught up") or r.index_sync == "current" for r in stayed), [r.index_sync for r in stayed]
+        # Host 1 holds shard 1 alone.
+        assert not os.path.isdir(shard_index_path(harness, 1, 0)) and not os.path.isdir(shard_index_path(harness, 1, 2))
+        assert_shards_hold_only_their_keys(harness, range(16))
+
+
+def _digest_of(harness: Harness, host: int, shard: int) -> str:
+    from lakesink_datasource.index.owner import index_owner
+
+    return index_owner(shard_index_path(harness, host, shard)).split(":", 1)[1]
