@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     large.add_argument("--workdir", default="/tmp/lakesink-keyed-large")
     large.add_argument("--out", help="where KEYED-LARGE.md and keyed_large.json go (default ./benchmark-results/; benchmarks/results holds the committed ones)")
     large.set_defaults(func=_keyed_large)
-    scale = sub.add_parser("scale-out", help="keyed upserts on a standalone cluster of one and two workers -> SCALE-OUT.md")
+    scale = sub.add_parser("scale-out", help="keyed streams through key shards on a standalone cluster of 1, 2 and 4 workers -> SCALE-OUT.md")
     scale.add_argument("--sizes", default="1000000,10000000", help="table sizes, comma-separated (default 1M,10M)")
     scale.add_argument("--reps", type=int, default=4, help="timed batches per side (default 4)")
     scale.add_argument("--batch-rows", type=int, default=100_000)

@@ -23,6 +23,7 @@ from lakesink_datasource.iceberg.live_files import data_entries_changed_by, live
 from lakesink_datasource.iceberg.manifests import data_file_first_row_id
 from lakesink_datasource.iceberg.row_lineage import read_with_row_ids, row_ids
 from lakesink_datasource.index.key_columns import KeyColumns
+from lakesink_datasource.index.key_route import file_route
 from lakesink_datasource.index.reindex import file_ref, index_files
 from lakesink_datasource.index.row_moves import maps_from_row_ids
 from lakesink_datasource.index.sharded_index import ShardedIndex
@@ -34,9 +35,12 @@ def follow_compaction(index: ShardedIndex, io: FileIO, metadata: TableMetadata, 
     """Bring the index over compaction `snapshot`: the same live rows in new files. Returns
     how it was followed ("moves" or "re-read")."""
     removed = data_entries_changed_by(io, snapshot, ManifestEntryStatus.DELETED)
+    added = data_entries_changed_by(io, snapshot, ManifestEntryStatus.ADDED)
+    if removed and all(columns.skips_file(e.data_file.file_path) for e in [*removed, *added]):
+        return "skipped"  # another key shard's files, merged among themselves
     removed_refs = [file_ref(metadata, e.data_file) for e in removed]
     how = "moves"
-    if not record_compaction_moves(index, io, metadata, snapshot, removed, removed_refs):
+    if not record_compaction_moves(index, io, metadata, snapshot, removed, removed_refs, columns):
         # Without usable lineage every key of the added files is pointed at its new place,
         # which moves exactly the keys that moved.
         index_files(index, io, metadata, added_files(io, snapshot), columns)
@@ -61,7 +65,7 @@ def _file_row_ids(io: FileIO, data_file: DataFile) -> np.ndarray:
 
 def record_compaction_moves(
     index: ShardedIndex, io: FileIO, metadata: TableMetadata, snapshot: Snapshot,
-    removed: Sequence[ManifestEntry], removed_refs: Sequence[str],
+    removed: Sequence[ManifestEntry], removed_refs: Sequence[str], columns: KeyColumns | None = None,
 ) -> bool:
     """Record where compaction `snapshot` (which removed `removed`, named `removed_refs` in
     the index) moved the rows the index points at, from row lineage; False (nothing
@@ -69,6 +73,12 @@ def record_compaction_moves(
     if metadata.format_version < 3:
         return False
     added = data_entries_changed_by(io, snapshot, ManifestEntryStatus.ADDED)
+    if columns is not None and added and all(file_route(e.data_file.file_path) is not None for e in added):
+        # Every output holds one key shard's rows, read from that shard's inputs only: an
+        # index of one shard needs neither the other shards' inputs nor their outputs.
+        kept = [(e, ref) for e, ref in zip(removed, removed_refs) if not columns.skips_file(e.data_file.file_path)]
+        removed, removed_refs = [e for e, _ in kept], [ref for _, ref in kept]
+        added = [e for e in added if not columns.skips_file(e.data_file.file_path)]
     known = index.known_ordinals(removed_refs)
     try:
         # Removed files the index never knew (a negative stand-in ordinal, dropped below)

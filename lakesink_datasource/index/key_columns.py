@@ -22,6 +22,10 @@ class KeyColumns:
     sequence: str | None  # None when no sequence column, or it is not stored in the table
     route: KeyRoute | None = None  # the one key shard an index holds (None: every key)
 
+    def skips_file(self, path: str) -> bool:
+        """A data file an index of one key shard need not read: it holds another shard's keys."""
+        return self.route is not None and self.route.skips(path)
+
     def own_rows(self, table: pa.Table) -> tuple[pa.Table, np.ndarray | None]:
         """The rows of `table` (with the key columns) whose key is the index's to hold, and
         the mask that chose them (None: all of them)."""

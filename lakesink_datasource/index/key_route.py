@@ -18,6 +18,7 @@ partitions), none gets two.
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,7 +28,9 @@ import pyarrow as pa
 
 from lakesink_datasource.index.spark_hash import murmur3_long, xxhash64
 
-__all__ = ["MAX_SHARDS", "ROUTE_COLUMN", "ROUTE_KEY", "KeyRoute", "key_fingerprint", "route_values", "shard_of_keys"]
+__all__ = [
+    "MAX_SHARDS", "ROUTE_COLUMN", "ROUTE_KEY", "KeyRoute", "file_route", "key_fingerprint", "route_values", "shard_of_keys",
+]
 
 ROUTE_COLUMN = "__lakesink_key_shard"
 ROUTE_KEY = "lakesink_key_columns"  # the route column's metadata: the key columns it hashed
@@ -50,9 +53,31 @@ class KeyRoute:
         """How a host's index directory and the published copies name this shard."""
         return f"key-shard-{self.shard:05d}-of-{self.shards:05d}"
 
+    def file_tag(self) -> str:
+        """What a data file holding only this shard's keys carries in its name: a routed
+        task's files, and lakesink's compactions of such files, which merge one shard's files
+        only. Another shard's index skips them without reading them."""
+        return f"ks{self.shard:05d}of{self.shards:05d}"
+
+    def skips(self, path: str) -> bool:
+        """Whether a data file named `path` holds no key of this shard (its tag names another)."""
+        tagged = file_route(path)
+        return tagged is not None and tagged.shards == self.shards and tagged.shard != self.shard
+
     def keeps(self, key_columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
         """Which rows of these key columns (in the table's types) belong to this shard."""
         return shard_of_keys(key_columns, self.shards) == self.shard
+
+
+_FILE_TAG = re.compile(r"-ks(\d{5})of(\d{5})-\d{5}\.parquet$")
+
+
+def file_route(path: str) -> KeyRoute | None:
+    """The key shard whose keys alone a data file holds, from its name (None: untagged)."""
+    found = _FILE_TAG.search(path)
+    if found is None or not 0 <= int(found[1]) < int(found[2]) <= MAX_SHARDS:
+        return None
+    return KeyRoute(int(found[1]), int(found[2]))
 
 
 def shard_of_keys(key_columns: Sequence[pa.Array | pa.ChunkedArray], shards: int) -> np.ndarray:

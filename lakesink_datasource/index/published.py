@@ -116,7 +116,9 @@ def maybe_publish(index: ShardedIndex, io: FileIO, metadata: TableMetadata, colu
     if keys < MIN_KEYS:
         return False
     last = index.files.last_published()
-    if last is not None and _rows_written_since(metadata, last) < max(MIN_CHANGED_ROWS, CHANGED_FRACTION * keys):
+    # A key shard's index takes its share of the rows written (the table counts them all).
+    share = 1 / columns.route.shards if columns.route is not None else 1
+    if last is not None and share * _rows_written_since(metadata, last) < max(MIN_CHANGED_ROWS * share, CHANGED_FRACTION * keys):
         return False
     if not _publishing.acquire(blocking=False):
         return False

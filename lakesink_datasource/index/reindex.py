@@ -73,6 +73,8 @@ def index_files(
     dvs = live_position_deletes(io, metadata.current_snapshot()) if deletes is None else deletes
     indexed = 0
     for data_file, _seq in sorted(files, key=lambda fs: fs[1]):
+        if columns.skips_file(data_file.file_path):
+            continue  # another key shard's file
         keys, sequences, positions = read_keys(io, data_file.file_path, columns, dvs.get(data_file.file_path))
         if not keys:
             continue

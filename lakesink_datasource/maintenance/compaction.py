@@ -20,9 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.io import FileIO
 from pyiceberg.manifest import ManifestEntry
 from pyiceberg.schema import index_by_id
 from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
 
 from lakesink_datasource.commit.cleanup import delete_files, dropped_metadata_files
 from lakesink_datasource.commit.data_files import data_file
@@ -35,8 +37,10 @@ from lakesink_datasource.iceberg.live_files import live_data_files, live_positio
 from lakesink_datasource.iceberg.manifests import content_offset
 from lakesink_datasource.iceberg.partition_key import encode_partition
 from lakesink_datasource.iceberg.properties import TableSettings
+from lakesink_datasource.index.key_route import file_route
 from lakesink_datasource.maintenance.compaction_plan import CompactionPlan, FileStats, plan_compaction
 from lakesink_datasource.maintenance.rewrite import RewriteInput, rewrite_files
+from lakesink_datasource.messages import DataFileMessage
 from lakesink_datasource.version import __version__
 
 log = logging.getLogger("lakesink")
@@ -68,6 +72,33 @@ class CompactionResult:
         return what if self.skipped_reason is None else f"{what}: not committed ({self.skipped_reason})"
 
 
+def _rewrite_by_shard(
+    io: FileIO, metadata: TableMetadata, chosen: list[RewriteInput], *, target_file_size: int,
+    on_file: Callable[[RewriteInput], None] | None,
+) -> tuple[list[DataFileMessage], Callable[[], list[str]]]:
+    """`rewrite_files` once per key shard among the inputs (untagged files together)."""
+    by_shard: dict[str | None, list[RewriteInput]] = {}
+    for item in chosen:
+        shard = file_route(item.entry.data_file.file_path)
+        by_shard.setdefault(shard.file_tag() if shard else None, []).append(item)
+    messages: list[DataFileMessage] = []
+    deleters: list[Callable[[], list[str]]] = []
+    try:
+        for items in by_shard.values():
+            written, delete = rewrite_files(io, metadata, items, target_file_size=target_file_size, on_file=on_file)
+            messages += written
+            deleters.append(delete)
+    except BaseException:
+        for delete in deleters:
+            delete()
+        raise
+
+    def delete_all() -> list[str]:
+        return [path for delete in deleters for path in delete()]
+
+    return messages, delete_all
+
+
 def plan_for(
     table: Table, budget_bytes: int, target_file_size: int | None = None, *, tiered: bool = True, min_files: int = 0
 ) -> tuple[CompactionPlan, dict[str, RewriteInput]]:
@@ -90,7 +121,10 @@ def plan_for(
         inputs[f.file_path] = RewriteInput(entry, dv)
         # Files of an earlier spec merge with the files of their own old partition; what
         # they are rewritten into is laid out by the current spec (rewrite_files).
-        key = (f.spec_id, encode_partition(specs[f.spec_id], schema, f.partition))
+        # Files of one key shard (cluster_by_key's) merge only among themselves, so what a
+        # shard's index reads stays that shard's (key_route.py).
+        shard = file_route(f.file_path)
+        key = (f.spec_id, encode_partition(specs[f.spec_id], schema, f.partition), shard.file_tag() if shard else None)
         stats.append(FileStats(
             f.file_path, key, f.file_size_in_bytes, f.record_count, dv.data_file.record_count if dv else 0,
             earlier_spec=f.spec_id != metadata.default_spec_id,
@@ -138,7 +172,7 @@ def compact(
         return result(None, 0, 0, "dry run")
     metadata = table.metadata
     settings = TableSettings.of_table(metadata)
-    messages, delete_outputs = rewrite_files(
+    messages, delete_outputs = _rewrite_by_shard(
         table.io, metadata, chosen, target_file_size=target_file_size or settings.target_file_size_bytes,
         on_file=(lambda i: progress(i.entry.data_file.file_size_in_bytes)) if progress else None,
     )

@@ -41,6 +41,7 @@ from lakesink_datasource.iceberg.row_lineage import (
     ROW_ID_FIELD_ID,
     field_ids,
 )
+from lakesink_datasource.index.key_route import file_route
 from lakesink_datasource.io.partitioning import PartitionSplitter
 from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
 from lakesink_datasource.messages import DataFileMessage
@@ -119,6 +120,14 @@ def rewrite_files(
     ] if v3 else []
     write_schema = Schema(*schema.fields, *lineage, schema_id=schema.schema_id, identifier_field_ids=schema.identifier_field_ids)
     prefix = f"{COMPACTED_PREFIX}{uuid.uuid4().hex[:16]}"
+    inputs = list(inputs)
+    shards = {file_route(i.entry.data_file.file_path) for i in inputs}
+    if len(shards) == 1 and None not in shards:
+        # One key shard's files make a file of that shard (compaction.py rewrites each
+        # shard's files apart): another shard's index goes on skipping it.
+        (shard,) = shards
+        assert shard is not None
+        prefix = f"{prefix}-{shard.file_tag()}"
 
     def path_for(key: PartitionKey, n: int) -> str:
         folder = partition_path(spec, schema, key)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,17 +113,20 @@ class TaskIdentity:
         )
 
 
-def _file_namer(data_dir: str, spec: PartitionSpec, schema: Schema, who: TaskIdentity) -> Callable[[PartitionKey, int], str]:
-    # Unique per task attempt: a retried or replayed task never overwrites a file that
-    # a committed snapshot may reference.
-    prefix = f"{who.batch_id if who.batch_id is not None else 0:05d}-{who.partition_id:05d}-{who.attempt}-{uuid.uuid4().hex[:12]}"
+class _FileNamer:
+    """Data file names, unique per task attempt: a retried or replayed task never overwrites
+    a file that a committed snapshot may reference. A routed task's files carry its key
+    shard (`KeyRoute.file_tag`), set before its first row is written."""
 
-    def path_for(key: PartitionKey, n: int) -> str:
-        part = partition_path(spec, schema, key)
-        folder = f"{data_dir}/{part}" if part else data_dir
-        return f"{folder}/{prefix}-{n:05d}.parquet"
+    def __init__(self, data_dir: str, spec: PartitionSpec, schema: Schema, who: TaskIdentity) -> None:
+        self._dir, self._spec, self._schema = data_dir, spec, schema
+        self._prefix = f"{who.batch_id if who.batch_id is not None else 0:05d}-{who.partition_id:05d}-{who.attempt}-{uuid.uuid4().hex[:12]}"
+        self.tag = ""
 
-    return path_for
+    def __call__(self, key: PartitionKey, n: int) -> str:
+        part = partition_path(self._spec, self._schema, key)
+        folder = f"{self._dir}/{part}" if part else self._dir
+        return f"{folder}/{self._prefix}{'-' + self.tag if self.tag else ''}-{n:05d}.parquet"
 
 
 class ReplaceWhereError(LakesinkError, ValueError):
@@ -204,7 +207,7 @@ def write_task(
         arrow_schema=arrow_schema,
         spec_id=spec.spec_id,
         table_properties=properties,
-        path_for=_file_namer(data_dir, spec, schema, who),
+        path_for=(namer := _FileNamer(data_dir, spec, schema, who)),
         target_file_size=plan.options.target_file_size_bytes,
         # Each open file holds memory of its own (stream buffer, writer state), so a task
         # keeps at most this many open (the least recently written closes).
@@ -233,6 +236,7 @@ def write_task(
                 shard = chunk_route(batch, plan.keyed.table_key_columns, route)
                 if route is None:
                     route = shard
+                    namer.tag = route.file_tag()
                     task_index = open_task_index(plan, metadata, io, partition_id=who.partition_id, attempt=who.attempt, route=route)
                     keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner)
             t0 = time.perf_counter()

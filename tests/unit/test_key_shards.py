@@ -257,3 +257,38 @@ def _digest_of(harness: Harness, host: int, shard: int) -> str:
     from lakesink_datasource.index.owner import index_owner
 
     return index_owner(shard_index_path(harness, host, shard)).split(":", 1)[1]
+
+
+def test_routed_files_and_their_compactions_hold_one_shard_each() -> None:
+    """A routed task's files carry its shard in their names, and lakesink's compaction
+    merges one shard's files only: another shard's index skips them unread."""
+    import pyarrow.parquet as pq
+
+    from lakesink_datasource.iceberg.live_files import live_data_files
+    from lakesink_datasource.index.key_route import file_route
+
+    config = Config("upsert", "bucket(2, id)", False)
+    batches = label_batches(config, [[[[Change(k) for k in range(b, 16)]]] for b in range(4)])
+    with Harness(config) as harness:
+        for batch_id, batch in enumerate(batches):
+            run_routed(harness, batch, batch_id, [0, 1, 0])
+        before = live_data_files(harness.table().io, harness.table().metadata.current_snapshot())
+        result = compact(harness.table(), budget_bytes=1 << 40, tiered=False)
+        assert result.snapshot_id is not None
+        table = harness.table()
+        after = live_data_files(table.io, table.metadata.current_snapshot())
+        assert result.files_written and len(after) < len(before)
+        for entry in after:
+            route = file_route(entry.data_file.file_path)
+            assert route is not None and route.shards == SHARDS, entry.data_file.file_path
+            ids = pq.read_table(entry.data_file.file_path.removeprefix("file://"), columns=["id"])["id"]
+            assert (shard_of_keys([ids], SHARDS) == route.shard).all()
+        # The next routed batch follows the compaction on every host without a rebuild.
+        model = Model(config)
+        for batch in batches:
+            model.apply_batch([task for _s, task in sorted(route_batch(batch, SHARDS).items())])
+        more = label_batches(config, [[[[Change(k) for k in range(0, 16, 3)]]]], tag="x")[0]
+        results = run_routed(harness, more, 4, [0, 1, 0])
+        model.apply_batch([task for _s, task in sorted(route_batch(more, SHARDS).items())])
+        harness.assert_matches(model.expected(), "after the compaction and one more batch")
+        assert not any(r.index_sync.startswith(("rebuilt", "fetched")) for r in results), [r.index_sync for r in results]
