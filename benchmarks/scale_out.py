@@ -137,6 +137,26 @@ def _stream(spark: Any, source: Source, checkpoint: Path, warehouse: Path, route
     ]
 
 
+def _running_stream(spark: Any, source: Source, checkpoint: Path, warehouse: Path) -> Any:
+    from lakesink_datasource import cluster_by_key
+
+    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(source.folder))
+    return (cluster_by_key(df, "id", **_options(warehouse)).writeStream.format("lakesink")
+            .option("checkpointLocation", str(checkpoint)).trigger(processingTime="0 seconds").start())
+
+
+def _wait_for_batches(query: Any, count: int) -> list[dict[str, Any]]:
+    """The first `count` micro-batches with rows this run of `query` made, once made."""
+    deadline = time.monotonic() + 900
+    while True:
+        done = [p for p in query.recentProgress if p["numInputRows"] > 0]
+        if len(done) >= count:
+            return [{"batch": int(p["batchId"]), "seconds": p["durationMs"]["triggerExecution"] / 1000, "query": p["id"]} for p in done[:count]]
+        if query.exception() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the stream stopped or stalled: {query.exception()}")
+        time.sleep(0.2)
+
+
 def _snapshots(warehouse: Path) -> Any:
     from pyiceberg.catalog.sql import SqlCatalog
 
@@ -232,17 +252,27 @@ def _phase(root: Path, warehouse: Path, rows: int, workers: int, reps: int, batc
                 t0 = time.perf_counter()
                 append.repartition(SLOTS).write.format("lakesink").options(**plain).mode("append").save()
                 out[label] = round(time.perf_counter() - t0, 3)
-            cluster.kill_worker(len(cluster.homes) - 1)
-            cluster.start_worker(memory=f"{max(2, 6 // workers)}g", cores=SLOTS // workers)
-            _wait_for_executors(spark, workers)
-            source.add(spark, 2)
-            joined = _stream(spark, source, checkpoint, warehouse, routed=True)
-            _annotate(warehouse, joined, cluster.homes)
+            # The stream keeps running while a worker is lost and a fresh one joins (a restarted
+            # query would place every shard anew: Spark keeps state store locations per run).
+            query = _running_stream(spark, source, checkpoint, warehouse)
+            try:
+                source.add(spark, 2)
+                settled = _wait_for_batches(query, 2)  # the restart's placement settles
+                cluster.kill_worker(len(cluster.homes) - 1)
+                cluster.start_worker(memory=f"{max(2, 6 // workers)}g", cores=SLOTS // workers)
+                _wait_for_executors(spark, workers)
+                source.add(spark, 2)
+                joined = _wait_for_batches(query, 4)[2:]
+            finally:
+                query.stop()
+            _annotate(warehouse, settled + joined, cluster.homes)
+            out["restart"] = settled
             out["fresh"], out["after_fresh"] = joined[0], joined[1]
-            out["fresh_moves"] = _moves([batches[-1], *joined])
-            log(f"    fresh worker: first batch {joined[0]['seconds']:.2f} s (index {joined[0]['index_seconds']:.2f} s; "
-                f"{joined[0]['index_starts']}), next {joined[1]['seconds']:.2f} s; moves {out['fresh_moves']}; plain append on a "
-                f"fresh worker {out['fresh_append']:.2f} s, warm {out['warm_append']:.2f} s")
+            out["restart_moves"] = _moves([batches[-1], *settled])
+            out["fresh_moves"] = _moves([settled[-1], *joined])
+            log(f"    restarted query: moves {out['restart_moves']}; fresh worker: first batch {joined[0]['seconds']:.2f} s (index "
+                f"{joined[0]['index_seconds']:.2f} s; {joined[0]['index_starts']}), next {joined[1]['seconds']:.2f} s; moves "
+                f"{out['fresh_moves']}; plain append on a fresh worker {out['fresh_append']:.2f} s, warm {out['warm_append']:.2f} s")
     finally:
         spark.stop()
         cluster.stop()
@@ -316,6 +346,7 @@ def _summary(entry: dict[str, Any]) -> dict[str, Any]:
         s["fresh_over_steady"] = round((two["fresh"]["seconds"] - extra) / max(s["batch_2"], 1e-9), 2)
         s["fresh_append_extra_s"] = round(extra, 3)
         s["fresh_moves"] = two["fresh_moves"]
+        s["restart_moves"] = two["restart_moves"]
     one = phases["1"]
     if "compare" in one:
         s["plain_s"] = _median(one["compare"]["plain"], "seconds")
@@ -341,7 +372,8 @@ def render(results: dict[str, Any]) -> str:
     for entry in results["sizes"]:
         s = entry["summary"]
         mb = " / ".join(",".join(f"{b / 1e6:.0f}" for b in s[f"bytes_{w}"]) for w in ("1", "2", "4"))
-        fresh = f"{s['fresh_s']:.2f} ({s['fresh_over_steady']:.2f}x, less {s['fresh_append_extra_s']:.2f} s any sink's first batch)" if "fresh_s" in s else "-"
+        fresh = (f"{s['fresh_s']:.2f} ({s['fresh_over_steady']:.2f}x, less {s['fresh_append_extra_s']:.2f} s any sink's first batch; "
+                 f"shards moved {s['fresh_moves'][0]} of {results['shards']})") if "fresh_s" in s else "-"
         lines.append(
             f"| {entry['rows']:,} | {mb} | {s['bytes_ratio_2']:.2f} / {s['bytes_ratio_4']:.2f} | {s['index_1']:.2f} / {s['index_2']:.2f} / "
             f"{s['index_4']:.2f} | {s['index_ratio_2']:.2f} | {s['batch_1']:.2f} / {s['batch_2']:.2f} / {s['batch_4']:.2f} | "
@@ -349,6 +381,10 @@ def render(results: dict[str, Any]) -> str:
         )
     for entry in results["sizes"]:
         s = entry["summary"]
+        if "restart_moves" in s:
+            lines += ["", f"{entry['rows']:,} rows, 2 workers: restarting the query on the same checkpoint moved "
+                      f"{s['restart_moves'][0]} of {results['shards']} shards (Spark keeps state store locations per query run), "
+                      f"then none moved; the running query losing a worker moved {s['fresh_moves'][0]}."]
         if "routed_s" in s:
             lines += ["", f"One worker, {entry['rows']:,} rows, today's route (`repartition({results['shards']}, id)` into the whole "
                       f"index) against key shards, alternating rounds: {s['plain_s']:.2f} s vs {s['routed_s']:.2f} s a micro-batch "
@@ -356,7 +392,7 @@ def render(results: dict[str, Any]) -> str:
     lines += ["", "Per micro-batch (seconds / index seconds summed over tasks; which worker held each shard; what started over):", ""]
     for entry in results["sizes"]:
         for w, phase in entry["phases"].items():
-            records = [phase["warmup"], *phase["steady"], *[phase[k] for k in ("fresh", "after_fresh") if k in phase]]
+            records = [phase["warmup"], *phase["steady"], *phase.get("restart", []), *[phase[k] for k in ("fresh", "after_fresh") if k in phase]]
             lines.append(f"- {entry['rows']:,} rows, {w} worker(s): " + "; ".join(
                 f"b{r['batch']} {r['seconds']:.2f}/{r['index_seconds']:.2f} {r['placement']}" + (f" [{r['index_starts']}]" if r["index_starts"] else "")
                 for r in records))

@@ -30,9 +30,9 @@ from typing import Any
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.index.key_route import MAX_SHARDS, ROUTE_COLUMN, ROUTE_KEY, route_values
 from lakesink_datasource.options import DEFAULT_WAREHOUSE, KEYED_OPERATIONS, OptionError, WriteOptions, parse_options
-from lakesink_datasource.routed_rows import RowCodec
 from lakesink_datasource.schema.spark_types import SchemaError
 from lakesink_datasource.table.setup import write_layout
+from lakesink_datasource.write.routed_rows import RowCodec
 
 __all__ = ["RESULT_COLUMN", "RoutedStream", "cluster_by_key", "routed_stream"]
 

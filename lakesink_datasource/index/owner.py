@@ -19,7 +19,10 @@ def index_owner(path: str) -> str:
     index's directory. No ',' or '/': the names are listed in a snapshot summary and inside
     undo tokens."""
     digest = hashlib.sha1(os.path.realpath(path).encode()).hexdigest()[:8]
-    return f"{socket.gethostname().replace(',', '_').replace('/', '_')}:{digest}"
+    host = f"{socket.gethostname().replace(',', '_').replace('/', '_')}:{digest}"
+    # An index of one key shard says which, in progress lines and summaries.
+    shard = os.path.basename(path.rstrip(os.sep)).partition(".key-shard-")[2]
+    return f"{host}#shard-{shard}" if shard else host
 
 
 def owner_digest(owner: str) -> str:

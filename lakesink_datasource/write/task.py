@@ -228,7 +228,7 @@ def write_task(
             keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner)
         # Concatenating Spark's batches only pays where they are split (by partition or by key);
         # an unpartitioned append buffers them as they come (the writer keeps each once).
-        chunk_rows = CHUNK_ROWS if keyed is not None or not splitter.is_unpartitioned else 1
+        chunk_rows = CHUNK_ROWS if plan.keyed is not None or not splitter.is_unpartitioned else 1
         for batch in _chunks(batches, chunk_rows):
             rows_in += batch.num_rows
             if plan.keyed is not None and plan.keyed.routed:

@@ -38,7 +38,7 @@ _ROWS = st.lists(
         st.one_of(st.none(), st.binary(max_size=70)),
         st.one_of(st.none(), st.dates()),
         st.one_of(st.none(), st.booleans()),
-        st.one_of(st.none(), st.decimals(min_value=-(10**16), max_value=10**16, places=2, allow_nan=False)),
+        st.one_of(st.none(), st.decimals(min_value=-(10**16) + 1, max_value=10**16 - 1, places=2, allow_nan=False)),
         st.one_of(st.none(), st.datetimes(min_value=dt.datetime(1, 1, 2), max_value=dt.datetime(9999, 12, 30))),
     ),
     min_size=1,
@@ -47,7 +47,7 @@ _ROWS = st.lists(
 _HASH_SCHEMA = "i int, l long, s string, b binary, d date, t boolean, dec decimal(18,2), ts timestamp_ntz"
 
 
-@settings(max_examples=examples(40), deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 @given(rows=_ROWS)
 def test_the_replayed_hashes_equal_sparks(spark, rows: list[tuple]) -> None:
     """Every routable type, nulls, and columns chained as xxhash64(c1, c2, ...) chains them;
@@ -58,14 +58,13 @@ def test_the_replayed_hashes_equal_sparks(spark, rows: list[tuple]) -> None:
     names = ["i", "l", "s", "b", "d", "t", "dec", "ts"]
     got = df.select(
         *names, *(F.xxhash64(n).alias(f"x_{n}") for n in names), F.xxhash64(*names).alias("x_all"),
-        F.xxhash64("s", "l").alias("x_sl"), F.hash("l").alias("m_l"),
+        F.xxhash64("s", "l").alias("x_sl"), F.hash(F.coalesce("l", F.lit(0))).alias("m_l"),
     ).toArrow()
     for n in names:
         assert xxhash64([got[n]]).tolist() == got[f"x_{n}"].to_pylist(), n
     assert xxhash64([got[n] for n in names]).tolist() == got["x_all"].to_pylist()
     assert xxhash64([got["s"], got["l"]]).tolist() == got["x_sl"].to_pylist()
-    longs = got["l"].fill_null(0).to_numpy()
-    assert murmur3_long(longs).tolist() == df.select(F.hash(F.coalesce("l", F.lit(0)))).toArrow().column(0).to_pylist()
+    assert murmur3_long(got["l"].fill_null(0).to_numpy()).tolist() == got["m_l"].to_pylist()
 
 
 @pytest.mark.parametrize("shards", [1, 2, 5, 8])

@@ -24,7 +24,8 @@ LAYERS: list[set[str]] = [
     {"write", "commit", "read"},  # the task side, the commit side, the read side
     {"maintenance"},
     {"progress"},  # what the driver prints per batch
-    {"check", "duckdb_reader", "maintain", "locate", "publish", "clustering", "routed_rows", "key_routing", "datasource"},  # tools and the Spark face
+    {"key_routing"},  # cluster_by_key: routes keyed writes by key shard (the sink commits what it wrote)
+    {"check", "duckdb_reader", "maintain", "locate", "publish", "clustering", "datasource"},  # tools and the Spark face
     {"__init__"},  # the package's public names
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
