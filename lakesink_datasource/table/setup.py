@@ -343,6 +343,22 @@ def _evolution(options: WriteOptions, spark_schema: StructType, table: Table, ke
     )
 
 
+def _pinned_plan(
+    table: Table, options: WriteOptions, write_id: str, *, overwrite: bool, sources: list[str | None], keyed: KeyedPlan | None,
+    write_schema_json: str | None = None, evolved_from_schema_id: int | None = None, write_spec_id: int | None = None,
+) -> WritePlan:
+    """The plan of a write against `table`'s current state (its metadata file and the head of
+    the write's branch): what every task of the write and its commit go by."""
+    current = branch_head(table.metadata, options.branch)
+    return WritePlan(
+        write_id=write_id, options=options, catalog=loader.catalog_config(options), identifier=options.table,
+        metadata_location=table.metadata_location, io_properties=dict(table.io.properties),
+        format_version=table.metadata.format_version, overwrite=overwrite, column_sources=sources,
+        planned_snapshot_id=current.snapshot_id if current else None, keyed=keyed, write_schema_json=write_schema_json,
+        evolved_from_schema_id=evolved_from_schema_id, write_spec_id=write_spec_id,
+    )
+
+
 def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool) -> WritePlan:
     # Validate everything that does not need the table first, so a bad option never
     # creates a table as a side effect.
@@ -400,19 +416,8 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
         # parsed again against the schema as staged.
         staged_spec = stage_spec(table, parse_partition_spec(options.partition_by, staged.schema if staged else table.schema()))
         table, spec_id = staged_spec.table, staged_spec.spec.spec_id
-    current = branch_head(table.metadata, options.branch)
-    return WritePlan(
-        write_id=uuid.uuid4().hex,
-        options=options,
-        catalog=loader.catalog_config(options),
-        identifier=options.table,
-        metadata_location=table.metadata_location,
-        io_properties=dict(table.io.properties),
-        format_version=table.metadata.format_version,
-        overwrite=overwrite,
-        column_sources=sources,
-        planned_snapshot_id=current.snapshot_id if current else None,
-        keyed=keyed,
+    return _pinned_plan(
+        table, options, uuid.uuid4().hex, overwrite=overwrite, sources=sources, keyed=keyed,
         write_schema_json=staged.schema.model_dump_json() if staged is not None else None,
         evolved_from_schema_id=staged.evolved_from if staged is not None else None,
         write_spec_id=spec_id,
@@ -456,17 +461,4 @@ def plan_routed_task(options: WriteOptions, spark_schema: StructType, write_id: 
             f"table {options.table}: a stream routed by cluster_by_key cannot change the table's schema or partitioning "
             "(merge_schema, evolve_partition) in the same batch; evolve the table with one unrouted write first"
         )
-    current = branch_head(table.metadata, options.branch)
-    return WritePlan(
-        write_id=write_id,
-        options=options,
-        catalog=loader.catalog_config(options),
-        identifier=options.table,
-        metadata_location=table.metadata_location,
-        io_properties=dict(table.io.properties),
-        format_version=table.metadata.format_version,
-        overwrite=False,
-        column_sources=_column_sources(options, spark_schema, evolution.schema),
-        planned_snapshot_id=current.snapshot_id if current else None,
-        keyed=keyed,
-    )
+    return _pinned_plan(table, options, write_id, overwrite=False, sources=_column_sources(options, spark_schema, evolution.schema), keyed=keyed)
