@@ -33,7 +33,7 @@ log = logging.getLogger("lakesink")
 
 def follow_compaction(index: ShardedIndex, io: FileIO, metadata: TableMetadata, snapshot: Snapshot, columns: KeyColumns) -> str:
     """Bring the index over compaction `snapshot`: the same live rows in new files. Returns
-    how it was followed ("moves" or "re-read")."""
+    how it was followed ("moves", "re-read", or "skipped": another key shard's files only)."""
     removed = data_entries_changed_by(io, snapshot, ManifestEntryStatus.DELETED)
     added = data_entries_changed_by(io, snapshot, ManifestEntryStatus.ADDED)
     if removed and all(columns.skips_file(e.data_file.file_path) for e in [*removed, *added]):
