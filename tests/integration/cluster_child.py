@@ -40,6 +40,17 @@ def cdc_batches(count: int = 4) -> list[list[tuple[int, str, str, int]]]:
     return batches
 
 
+def pause_for_the_test(out: str) -> None:
+    """Say the driver paused (`<out>.paused`), then wait until the test has replaced a worker
+    and says so (`<out>.resume`)."""
+    open(f"{out}.paused", "w").close()
+    deadline = time.monotonic() + 300
+    while not os.path.exists(f"{out}.resume"):
+        if time.monotonic() > deadline:
+            raise SystemExit("the test never replaced the worker")
+        time.sleep(0.1)
+
+
 def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> None:
     from pyspark.sql import SparkSession
 
@@ -110,12 +121,7 @@ def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> N
         routed_stream(0, 4)
         with open(faults) as f:
             report["fault_fired"] = json.load(f) == []
-        open(f"{out}.paused", "w").close()
-        deadline = time.monotonic() + 300
-        while not os.path.exists(f"{out}.resume"):
-            if time.monotonic() > deadline:
-                raise SystemExit("the test never replaced the worker")
-            time.sleep(0.1)
+        pause_for_the_test(out)
         routed_stream(4, 8)
         report["done"] = True
     elif scenario == "replace":
@@ -131,12 +137,7 @@ def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> N
                 .trigger(availableNow=True).start().awaitTermination())
 
         stream(0, 2)
-        open(f"{out}.paused", "w").close()
-        deadline = time.monotonic() + 300
-        while not os.path.exists(f"{out}.resume"):
-            if time.monotonic() > deadline:
-                raise SystemExit("the test never replaced the worker")
-            time.sleep(0.1)
+        pause_for_the_test(out)
         stream(2, len(batches))
         report["done"] = True
     elif scenario == "speculation":
