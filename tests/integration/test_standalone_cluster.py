@@ -150,8 +150,8 @@ def _shard_owners(home: Path, table_uuid: str, shards: int) -> dict[str, int]:
 
 def test_a_routed_keyed_stream_keeps_each_shard_on_its_worker(cluster: Cluster, tmp_path: Path) -> None:
     """cluster_by_key on two workers: each worker holds only the key shards its executor
-    runs, a shard stays on its worker from batch to batch, an executor killed mid-batch and a
-    worker replaced between batches move only their own shards, and the table is exact."""
+    runs, a shard stays on its worker from batch to batch within a query run, an executor
+    killed mid-batch and a worker replaced before a restart leave the table exact."""
     from lakesink_datasource.iceberg.summary_keys import COMPACTION, EPOCH_ID
 
     # The module's cluster: two live workers (an earlier test may have replaced one).
@@ -186,12 +186,15 @@ def test_a_routed_keyed_stream_keeps_each_shard_on_its_worker(cluster: Cluster, 
     # Steady state: no shard moved between batch 0 and batch 1 (before the executor was lost).
     assert placement[0] == placement[1], placement
     assert set(placement[0].values()) <= set(alive), placement[0]
-    # After the worker was replaced: the survivor's shards stayed where they were.
-    before = {s for s, w in placement[3].items() if w == survivor}
-    after = {s for s, w in placement[7].items() if w == survivor}
-    assert before <= after, placement
+    # Shards move only where something happened: batch 2 lost an executor (its shards, and
+    # batch 3 may settle), batch 4 is the first of a new query run on the replaced cluster
+    # (Spark keeps state-store locations per run, so a restart places every shard anew).
     moved = [b for b in range(1, 8) if placement[b] != placement[b - 1]]
     assert set(moved) <= {2, 3, 4}, f"shards moved in steady state: {placement}"
+    # The last batches ran on the two workers alive now (the survivor and the new one).
+    alive_now = {int(name.removeprefix("worker")) for name in cluster.processes if name.startswith("worker")}
+    assert survivor in alive_now and lost not in alive_now
+    assert set(placement[7].values()) <= alive_now, placement
     # A worker holds the indexes of the shards it ran, and no other.
     for worker, home in enumerate(cluster.homes):
         ran = {s for p in placement.values() for s, w in p.items() if w == worker}
