@@ -90,6 +90,8 @@ def describe_batch(
     )
     if outcome.replaced is not None:
         line += f" | {outcome.replaced}"
+    if outcome.keys_redecided:
+        line += f" | {outcome.keys_redecided:,} keys also written by concurrent commits, decided at commit"
     if outcome.index_starts:
         line += f" | key index {outcome.index_starts}"
     if outcome.expired_snapshots:

@@ -35,6 +35,7 @@ from lakesink_datasource.catalog.transient import RetryBudget, first_line, is_tr
 from lakesink_datasource.commit import cleanup
 from lakesink_datasource.commit.data_files import data_file
 from lakesink_datasource.commit.deletion_vectors import PendingDeletes
+from lakesink_datasource.commit.key_conflicts import KeyRules
 from lakesink_datasource.commit.overwrite import OverwriteScope
 from lakesink_datasource.commit.schema_update import schema_updates
 from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
@@ -83,6 +84,7 @@ class CommitOutcome:
     files_removed: int = 0  # unreferenced by the commit (expired snapshots, old metadata) and deleted
     replaced: str | None = None  # an overwrite: what it replaced, in words
     index_starts: str | None = None  # hosts whose key index started over for this batch, and why
+    keys_redecided: int = 0  # keys shared with concurrent commits, decided at commit
 
 
 def _sum_stats(results: list[TaskResult]) -> TaskStats:
@@ -159,6 +161,21 @@ def _refuse_keys_on_several_hosts(results: list[TaskResult]) -> None:
 def _touched_keys(results: list[TaskResult]) -> np.ndarray:
     parts = [np.frombuffer(r.key_hashes, dtype="<u8") for r in results if r.key_hashes]
     return unique_sorted(np.concatenate(parts)) if parts else np.empty(0, dtype=np.uint64)
+
+
+def _key_rules(plan: WritePlan, results: list[TaskResult]) -> KeyRules | None:
+    """How the commit decides keys it shares with concurrent commits (commit/key_conflicts.py)."""
+    keyed = plan.keyed
+    if keyed is None:
+        return None
+    return KeyRules(
+        operation=plan.options.operation,
+        key_columns=keyed.table_key_columns,
+        sequence=keyed.table_sequence_column,
+        sequenced=keyed.sequence_source is not None,
+        tombstones=tuple(sorted(r.tombstones for r in results if r.tombstones)),
+        deleted_keys=tuple(sorted(r.deleted_keys for r in results if r.deleted_keys)),
+    )
 
 
 def _refuse_keys_across_a_rebuilt_index(results: list[TaskResult]) -> None:
@@ -349,6 +366,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
         record_only=any(r.tombstones for r in results),
         touched_keys=_touched_keys(results) if plan.keyed is not None else None,
         key_columns=plan.keyed.table_key_columns if plan.keyed is not None else (),
+        key_rules=_key_rules(plan, results),
     )
     if delta.is_empty:
         return CommitOutcome(None, "nothing to commit", 0, stats)
@@ -414,6 +432,8 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
         except ConflictError as exc:
             producer.cleanup(committed_attempt=None)
             raise CommitError(str(exc), exc.kind) from exc
+        if producer.last.redecision is not None and producer.last.redecision.keys:
+            fault_point("keys_redecided", batch_id)  # tests: a crash between the decision and the swap
         try:
             committed = swap_in(table, attempt)
         except CommitFailedException as exc:
@@ -470,6 +490,7 @@ def _committed(
         "data_files": len(delta.added_data_files), "dvs": dvs, "bytes": stats.bytes_written, "attempts": attempt_number + 1,
         "partition_s": stats.partition_seconds, "index_s": stats.index_seconds, "write_s": stats.write_seconds,
         "commit_s": seconds, "expired_snapshots": len(attempt.expired), "files_removed": removed,
+        "keys_redecided": producer.last.redecision.keys if producer.last.redecision is not None else 0,
     }
     # The fields ride along as `lakesink_event` too, for a log handler that wants them whole
     # (the benchmarks' hook writes them as JSON instead of parsing the line).
@@ -478,7 +499,7 @@ def _committed(
         "rows_written=%(rows_written)d rows_deleted=%(rows_deleted)d data_files=%(data_files)d dvs=%(dvs)d "
         "bytes=%(bytes)d attempts=%(attempts)d partition_s=%(partition_s).3f index_s=%(index_s).3f "
         "write_s=%(write_s).3f commit_s=%(commit_s).3f expired_snapshots=%(expired_snapshots)d "
-        "files_removed=%(files_removed)d",
+        "files_removed=%(files_removed)d keys_redecided=%(keys_redecided)d",
         event, extra={"lakesink_event": event},
     )
     return CommitOutcome(
@@ -487,6 +508,7 @@ def _committed(
         seconds=seconds, expired_snapshots=len(attempt.expired), files_removed=removed,
         replaced=_describe_replaced(producer, snapshot),
         index_starts=(snapshot.summary.additional_properties.get(keys.INDEX_STARTS) if snapshot.summary else None),
+        keys_redecided=producer.last.redecision.keys if producer.last.redecision is not None else 0,
     )
 
 

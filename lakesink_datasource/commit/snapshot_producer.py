@@ -6,7 +6,10 @@ base and can run again on a newer base after a lost race. It reads as four steps
 
 1. validate: the named conflict checks of `validation.py` against this base, after the
    batch's deletes are moved onto the files of compactions committed meanwhile (`rebase.py`);
-2. deletes: pending positions merged with the base's DVs into new DVs (`deletion_vectors.py`);
+   then the keys a keyed batch shares with commits since it was planned are decided
+   (`key_conflicts.py`);
+2. deletes: pending positions (and those the decision hides) merged with the base's DVs into
+   new DVs (`deletion_vectors.py`);
 3. carry-over: the base's manifests as they stand after this commit's removals, then merged
    with Java's rules (`manifest_merge.py`) so their number stays bounded;
 4. manifest list: new and carried manifests, row ids assigned, plus the summary.
@@ -25,6 +28,8 @@ from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntry, ManifestFile
 from pyiceberg.schema import Schema
@@ -32,22 +37,20 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 
 from lakesink_datasource.commit.deletion_vectors import PendingDeletes, write_deletion_vectors, write_position_delete_files
+from lakesink_datasource.commit.key_conflicts import KeyRules, Redecision, redecide
 from lakesink_datasource.commit.manifest_merge import merge_manifests
 from lakesink_datasource.commit.overwrite import OverwriteScope, Replaced, replaced_by
 from lakesink_datasource.commit.rebase import Rebased, rebase_onto_compactions
-from lakesink_datasource.commit.validation import (
-    validate_delete_targets_exist,
-    validate_no_concurrent_key_changes,
-    validate_rewritten_files_unchanged,
-)
+from lakesink_datasource.commit.validation import validate_delete_targets_exist, validate_rewritten_files_unchanged
 from lakesink_datasource.iceberg.history import branch_head
 from lakesink_datasource.iceberg.live_files import live_position_deletes
 from lakesink_datasource.iceberg.manifest_list import ManifestListWriter, read_manifest_list
 from lakesink_datasource.iceberg.manifests import deleted_data_file, read_entries, write_manifest
 from lakesink_datasource.iceberg.properties import TableSettings
 from lakesink_datasource.iceberg.summary import ChangeCounts, build_summary
-from lakesink_datasource.iceberg.summary_keys import MOVED_DELETES
+from lakesink_datasource.iceberg.summary_keys import KEYS_REDECIDED, MOVED_DELETES, REDECIDED_KEYS
 from lakesink_datasource.iceberg.table_metadata import last_sequence_number, next_row_id
+from lakesink_datasource.index.key_columns import TOMBSTONE_DIR
 from lakesink_datasource.version import __version__
 
 
@@ -74,10 +77,11 @@ class RowDelta:
     # Data files this commit removes, each with the DV (Puffin path and offset) it had when
     # the rewrite read it, None for none: the rows were rewritten from exactly that state.
     rewritten: Mapping[str, tuple[str, int | None] | None] = field(default_factory=dict)
-    # Keyed writes: hashes of the keys the batch changed and the table's key columns, so
-    # concurrent commits that wrote the same keys are found (validate).
+    # Keyed writes: hashes of the keys the batch changed, the table's key columns and how the
+    # batch decides a key, so keys that concurrent commits also wrote are decided at commit.
     touched_keys: np.ndarray | None = None
     key_columns: tuple[str, ...] = ()
+    key_rules: KeyRules | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -103,6 +107,7 @@ class _Attempt:
     counts: ChangeCounts = field(default_factory=ChangeCounts)
     deletion_vectors: list[DataFile] = field(default_factory=list)  # DVs, or v2 position-delete files
     rebased: Rebased | None = None  # the delta's deletes as they apply to this base
+    redecision: Redecision | None = None  # keys shared with commits since the batch was planned
     replaced: Replaced | None = None  # what the delta's overwrite replaces in this base
 
 
@@ -146,6 +151,7 @@ class SnapshotProducer:
         self._attempt = attempt
         self.last = state = _Attempt(rebased=self._rebase(base))
         self.validate(base, state.rebased)
+        state.redecision = self._redecide(base, state.rebased)
         if self._delta.overwrite is not None:
             state.replaced = replaced_by(self._io, base, self._parent(base), self._delta.overwrite, self._delta.added_data_files)
         dv_manifests = self._deletes(base, state)
@@ -154,6 +160,9 @@ class SnapshotProducer:
         rebased = state.rebased
         if rebased is not None and rebased.moved_files:
             extra_summary = {**extra_summary, MOVED_DELETES: f"{rebased.by_row_id},{rebased.by_key},{rebased.gone}"}
+        if state.redecision is not None and state.redecision.outcome is not None:
+            location = self._write_outcome(state.redecision.outcome)
+            extra_summary = {**extra_summary, KEYS_REDECIDED: str(state.redecision.keys), REDECIDED_KEYS: location}
         removed_files = set(self._delta.rewritten) | (state.replaced.data_files if state.replaced else set())
         dropped_dvs = self._replaced_dv_targets(state.deletion_vectors) | removed_files
         carried = self._carry_over(base, state, dropped_dvs, removed_files)
@@ -195,10 +204,25 @@ class SnapshotProducer:
             )
         if self._delta.rewritten:
             validate_rewritten_files_unchanged(self._io, base, self._delta.rewritten)
-        if self._delta.touched_keys is not None:
-            validate_no_concurrent_key_changes(
-                self._io, base, self._delta.planned_snapshot_id, self._delta.touched_keys, self._delta.key_columns
-            )
+
+    def _redecide(self, base: TableMetadata, rebased: Rebased | None) -> Redecision | None:
+        """The keys this keyed batch shares with commits since it was planned, decided as the
+        later writer (commit/key_conflicts.py); None for other writes."""
+        delta = self._delta
+        if delta.touched_keys is None or delta.key_rules is None:
+            return None
+        return redecide(
+            self._io, base, delta.planned_snapshot_id, delta.touched_keys, delta.key_rules, delta.added_data_files,
+            rebased.pending if rebased is not None else delta.position_deletes,
+        )
+
+    def _write_outcome(self, outcome: pa.Table) -> str:
+        """The decided keys' outcome, for every host's key index to apply (index/follow_changes.py)."""
+        location = f"{self._data_dir}/{TOMBSTONE_DIR}/{self._commit_uuid}-{self._attempt}-redecided-keys.parquet"
+        self._written[self._attempt].append(location)
+        with self._io.new_output(location).create(overwrite=True) as out:
+            pq.write_table(outcome, out, compression="zstd")
+        return location
 
     # -- step 2: deletes ------------------------------------------------------------------
 
@@ -206,6 +230,9 @@ class SnapshotProducer:
         """This attempt's DVs (pending positions merged with the base's) and the delete
         manifests that add them."""
         pending = dict(state.rebased.pending if state.rebased is not None else self._delta.position_deletes)
+        for path, hidden in (state.redecision.hide if state.redecision is not None else {}).items():
+            mine = pending.get(path)
+            pending[path] = hidden if mine is None else PendingDeletes(mine.spec_id, mine.partition, mine.positions | hidden.positions)
         for path, hidden in (state.replaced.hidden if state.replaced is not None else {}).items():
             mine = pending.get(path)
             pending[path] = hidden if mine is None else PendingDeletes(mine.spec_id, mine.partition, mine.positions | hidden.positions)

@@ -12,19 +12,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 
-import numpy as np
-import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import ManifestEntryStatus
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.snapshots import Operation
 
-from lakesink_datasource.arrays import unique_sorted
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.history import snapshots_after
 from lakesink_datasource.iceberg.live_files import data_entries_changed_by, live_data_files, live_position_deletes
 from lakesink_datasource.iceberg.manifests import content_offset
-from lakesink_datasource.index.key_encoding import encode_keys, key_hashes
 
 
 class ConflictKind(enum.Enum):
@@ -42,7 +37,9 @@ class ConflictKind(enum.Enum):
     REWRITE_INPUT_REMOVED = "rewrite-input-removed"
     # A compaction's input got new deletes since it was read.
     REWRITE_INPUT_NEW_DELETES = "rewrite-input-new-deletes"
-    # Another commit since the keyed batch was planned wrote a row for a key the batch changed.
+    # Another commit since the keyed batch was planned wrote a row for a key the batch changed,
+    # in a way the commit cannot decide itself (commit/key_conflicts.py: equality deletes, a
+    # cdc sequence the table does not store); the keys it can decide, it decides.
     KEY_WRITTEN_CONCURRENTLY = "key-written-concurrently"
     # A column the batch wrote changed type in the table in a way the two cannot share.
     COLUMN_TYPE_CHANGED = "column-type-changed"
@@ -117,41 +114,6 @@ def validate_rewritten_files_unchanged(
         now = None if entry is None else (entry.data_file.file_path, content_offset(entry.data_file))
         if now != read_with:
             raise ConflictError(ConflictKind.REWRITE_INPUT_NEW_DELETES, f"data file {path} got new deletes concurrently; its rewrite is out of date")
-
-
-def validate_no_concurrent_key_changes(
-    io: FileIO, base: TableMetadata, planned_snapshot_id: int | None, touched: np.ndarray, key_columns: tuple[str, ...]
-) -> None:
-    """No commit since the batch was planned added a row for a key this batch changed
-    (serialisable keyed writes; Java's `validateNoConflictingDataFiles`, narrowed to keys).
-
-    The batch resolved its keys against the planned state: a row another writer added
-    meanwhile for one of them (an upsert, an insert, a plain append) is a row the batch did
-    not hide, so both would stay live. Deletes alone cannot conflict (hiding a row twice is
-    the same as once), and a `replace` (compaction) adds no new rows. Writers on disjoint
-    keys both land; a conflict fails the batch, which the restarted query replays.
-    """
-    if not len(touched):
-        return
-    newest_first, _found = snapshots_after(base, planned_snapshot_id)
-    for snapshot in reversed(newest_first):
-        if snapshot.summary is not None and snapshot.summary.operation == Operation.REPLACE:
-            continue
-        for entry in data_entries_changed_by(io, snapshot, ManifestEntryStatus.ADDED):
-            with io.new_input(entry.data_file.file_path).open() as stream:
-                keys = pq.read_table(stream, columns=list(key_columns))
-            # Encoded from the file's columns, as an index rebuild does: the same bytes the
-            # tasks hashed (they encode keys in the table's types).
-            encoded = encode_keys([keys.column(c) for c in key_columns], names=list(key_columns))
-            shared = np.intersect1d(touched, unique_sorted(key_hashes(encoded)), assume_unique=True)
-            if len(shared):
-                raise ConflictError(
-                    ConflictKind.KEY_WRITTEN_CONCURRENTLY,
-                    f"this batch changed {len(shared)} key(s) that snapshot {snapshot.snapshot_id} "
-                    f"({snapshot.summary.operation.value if snapshot.summary else '?'}), committed concurrently, also wrote "
-                    f"(e.g. in {entry.data_file.file_path}); the batch is refused so no key gets two live rows "
-                    "(restart the query: the replay resolves the keys against the new state)"
-                )
 
 
 def _removed_by(

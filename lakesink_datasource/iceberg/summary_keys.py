@@ -39,3 +39,8 @@ COMMIT_PREPARE_SECONDS = "lakesink.commit-prepare-seconds"  # driver: commit sta
 # Rows this batch hides that a compaction committed meanwhile had moved: found again by
 # "<by row id>,<by key>,<no longer live>" (commit/rebase.py).
 MOVED_DELETES = "lakesink.deletes-moved-by-compaction"
+# Keyed batches that shared keys with commits made since they were planned: how many keys
+# the commit decided itself, and the Parquet file of the outcome (key columns, the winner's
+# sequence, file and position, or none for a deleted key) that hosts' indexes apply.
+KEYS_REDECIDED = "lakesink.keys-redecided"
+REDECIDED_KEYS = "lakesink.redecided-keys"

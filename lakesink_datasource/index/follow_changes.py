@@ -19,6 +19,11 @@ overwrite, copy-on-write MERGE/DELETE). A host's index follows it from what chan
 The host's own part of a batch made on several hosts is already in its index (its undo
 tokens): its files and its delete reports are skipped. What cannot be followed (equality
 deletes) raises CannotFollow, and the caller rebuilds.
+
+A keyed batch that shared keys with commits made while it was in flight decided them at
+commit (commit/key_conflicts.py) and names the outcome in its summary: every host, the
+batch's own included, applies it after the snapshot's other changes (`follow_redecided`),
+since the host's own provisional changes went in before it followed those other commits.
 """
 
 from __future__ import annotations
@@ -39,9 +44,9 @@ from pyiceberg.table.snapshots import Snapshot
 from lakesink_datasource.iceberg.live_files import entries_changed_by, read_hidden_positions
 from lakesink_datasource.iceberg.manifests import deleted_data_file
 from lakesink_datasource.iceberg.partition_key import encode_partition
-from lakesink_datasource.iceberg.summary_keys import DELETED_KEYS, DELETES_REPORTED, TOMBSTONES
+from lakesink_datasource.iceberg.summary_keys import DELETED_KEYS, DELETES_REPORTED, REDECIDED_KEYS, TOMBSTONES
 from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
-from lakesink_datasource.index.key_columns import SEQUENCE, TOMBSTONE, KeyColumns
+from lakesink_datasource.index.key_columns import SEQUENCE, TOMBSTONE, WINNER_FILE, WINNER_POSITION, KeyColumns
 from lakesink_datasource.index.key_encoding import encode_keys
 from lakesink_datasource.index.location_codec import pack_positions
 from lakesink_datasource.index.reindex import file_ref, index_files, read_keys
@@ -182,3 +187,39 @@ def _remove_keys_at(index: ShardedIndex, io: FileIO, columns: KeyColumns, rows: 
             index.remove_keys(doomed)
             removed += len(doomed)
     return removed
+
+
+def follow_redecided(index: ShardedIndex, io: FileIO, snapshot: Snapshot, columns: KeyColumns) -> int:
+    """Set the keys a batch decided at commit to their outcome: the winning row's place, or
+    deleted (a tombstone with the delete's sequence, when the table has one)."""
+    props = snapshot.summary.additional_properties if snapshot.summary else {}
+    path = props.get(REDECIDED_KEYS)
+    if not path:
+        return 0
+    rows = _read_reports(io, [path])
+    if rows is not None:
+        rows, _ = columns.own_rows(rows)
+    if rows is None or rows.num_rows == 0:
+        return 0
+    keys = encode_keys([rows.column(c) for c in columns.key], names=list(columns.key))
+    sequence = rows.column(SEQUENCE)
+    sequences = encode_keys([sequence]) if columns.sequence is not None and sequence.null_count == 0 else None
+    winners = rows.column(WINNER_FILE).to_pylist()
+    positions = rows.column(WINNER_POSITION).to_pylist()
+    by_file: dict[str | None, list[int]] = {}
+    for i, ref in enumerate(winners):
+        by_file.setdefault(ref, []).append(i)
+    for ref, which in by_file.items():
+        chosen = [keys[i] for i in which]
+        if ref is None:
+            if sequences is None:
+                index.remove_keys(chosen)
+            else:
+                index.overwrite_packed(chosen, pack_positions(TOMBSTONE, np.zeros(len(which), dtype=np.uint64), [sequences[i] for i in which]))
+            continue
+        (ordinal,) = index.known_ordinals([ref])
+        if ordinal is None:
+            raise CannotFollow(f"snapshot {snapshot.snapshot_id} decided keys for rows of {decode_ref(ref).path}, which the index does not know")
+        at = np.array([positions[i] for i in which], dtype=np.uint64)
+        index.overwrite_packed(chosen, pack_positions(ordinal, at, [sequences[i] for i in which] if sequences is not None else None))
+    return rows.num_rows

@@ -12,6 +12,11 @@ from lakesink_datasource.index.key_route import KeyRoute
 TOMBSTONE = 0xFFFF_FFFF  # file ordinal of a deleted key that remembers its sequence
 SEQUENCE = "__lakesink_sequence"  # the sequence column's name in tombstone files
 TOMBSTONE_DIR = "lakesink-tombstones"  # under the data path: the files keyed tasks report deletes in
+# The keys a commit decided against concurrent commits (commit/key_conflicts.py): key
+# columns, SEQUENCE (the winner's, null without one), the winning row's encoded file ref and
+# position (null: the key is deleted).
+WINNER_FILE = "__lakesink_winner_file"
+WINNER_POSITION = "__lakesink_winner_position"
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ the tokens' part is `tokens.py`):
    - its other hosts' part, and any other writer's snapshot (appends, row-level deletes,
      overwrites), is followed from what the snapshot changed (`follow_changes.py`);
    - a compaction (`replace`) is followed through row lineage (`follow_compaction.py`);
+   - keys a batch decided at commit against concurrent commits are set to its outcome last;
    - what cannot be followed (equality deletes, history the index's state is not in:
      expired or another table, no index at all, an interrupted catch-up toward another
      snapshot) starts over: from a published copy of the index when one fits
@@ -41,8 +42,9 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Snapshot
 
 from lakesink_datasource.iceberg.history import snapshots_after
+from lakesink_datasource.iceberg.summary_keys import REDECIDED_KEYS
 from lakesink_datasource.index.environment import IndexState
-from lakesink_datasource.index.follow_changes import CannotFollow, follow_changes
+from lakesink_datasource.index.follow_changes import CannotFollow, follow_changes, follow_redecided
 from lakesink_datasource.index.follow_compaction import fold_moves, fold_needed, follow_compaction
 from lakesink_datasource.index.key_columns import KeyColumns
 from lakesink_datasource.index.owner import owner_digest
@@ -150,7 +152,8 @@ def _walk(
         own = settle_own_part(index, pending, snapshot, host)
         if isinstance(own, str):
             return own
-        if own.only_here:
+        redecided = summary is not None and REDECIDED_KEYS in summary.additional_properties
+        if own.only_here and not redecided:
             continue  # the whole batch is in the index already
         tokens = own.tokens
         if not catching_up:
@@ -160,10 +163,14 @@ def _walk(
             follow_compaction(index, io, metadata, snapshot, columns)
             continue
         try:
-            follow_changes(index, io, metadata, snapshot, columns, own_digest=owner_digest(host) if tokens else None)
+            if not own.only_here:
+                follow_changes(index, io, metadata, snapshot, columns, own_digest=owner_digest(host) if tokens else None)
+                report.followed += 1
+            # Keys the batch decided at commit: its outcome last, over what this host's own
+            # part and the concurrent commits walked before left for them.
+            follow_redecided(index, io, snapshot, columns)
         except CannotFollow as exc:
             return str(exc)
-        report.followed += 1
     if fold_needed(index):
         if not catching_up:
             index.begin_catch_up(target_name)  # the fold writes without undo, as a catch-up does

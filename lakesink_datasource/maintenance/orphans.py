@@ -27,7 +27,7 @@ from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.listing import list_files
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
 from lakesink_datasource.iceberg.manifests import read_entries
-from lakesink_datasource.iceberg.summary_keys import DELETED_KEYS, TOMBSTONES
+from lakesink_datasource.iceberg.summary_keys import DELETED_KEYS, REDECIDED_KEYS, TOMBSTONES
 from lakesink_datasource.index.published import kept_files
 from lakesink_datasource.table.location_guard import table_uuid_of
 
@@ -62,7 +62,7 @@ def referenced_files(io: FileIO, table: Table) -> set[str]:
     for snapshot in metadata.snapshots:
         out.add(normalize(snapshot.manifest_list))
         props = snapshot.summary.additional_properties if snapshot.summary else {}
-        out |= {normalize(p) for key in (TOMBSTONES, DELETED_KEYS) for p in props.get(key, "").split(",") if p}
+        out |= {normalize(p) for key in (TOMBSTONES, DELETED_KEYS, REDECIDED_KEYS) for p in props.get(key, "").split(",") if p}
         for manifest in read_manifest_list(io, snapshot.manifest_list):
             if manifest.manifest_path in seen_manifests:
                 continue

@@ -219,7 +219,9 @@ class KeyedWriter:
             # The delete's sequence stays in the index so an older late change cannot
             # bring the key back.
             return ~older & ~changes.is_delete, np.flatnonzero(deleting), none
-        return ~older & ~changes.is_delete, none, np.flatnonzero(deleting & live)
+        # Every delete is reported, of a live key or not: a key another writer adds meanwhile
+        # is then decided at commit as this batch's delete (commit/key_conflicts.py).
+        return ~older & ~changes.is_delete, none, np.flatnonzero(deleting)
 
     def _refuse_undecidable(self, changes: Changes, found: Found) -> None:
         """With the stored tombstones unreadable, a change to a key the index does not hold,
