@@ -335,6 +335,13 @@ class Harness:
         as two Spark workers with their own HOME keep."""
         return self.index_dir if host == 0 else os.path.join(self.root, f"index-{host}")
 
+    def index_path(self, host: int = 0) -> str:
+        """Where host `host` keeps the table's index for this harness's writes (they run as
+        streaming query QUERY, which keeps its own index, see index_location)."""
+        from lakesink_datasource.index.for_write import index_location
+
+        return index_location(self.host_dir(host), self.table().metadata, writer=QUERY)
+
     def on_host(self, plan: WritePlan, host: int) -> WritePlan:
         return msgspec.structs.replace(plan, options=msgspec.structs.replace(plan.options, index_dir=self.host_dir(host)))
 

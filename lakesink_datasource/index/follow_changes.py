@@ -220,6 +220,9 @@ def follow_redecided(index: ShardedIndex, io: FileIO, snapshot: Snapshot, column
         (ordinal,) = index.known_ordinals([ref])
         if ordinal is None:
             raise CannotFollow(f"snapshot {snapshot.snapshot_id} decided keys for rows of {decode_ref(ref).path}, which the index does not know")
+        # Keys now point into the file directly (a compaction's output may have had only
+        # move maps leading into it): when it moves in turn, they must move with it.
+        index.mark_direct(ordinal)
         at = np.array([positions[i] for i in which], dtype=np.uint64)
         index.overwrite_packed(chosen, pack_positions(ordinal, at, [sequences[i] for i in which] if sequences is not None else None))
     return rows.num_rows

@@ -21,7 +21,7 @@ from pyiceberg.table.metadata import TableMetadata
 from lakesink_datasource.index.host_lock import host_locks
 from lakesink_datasource.index.key_columns import KeyColumns
 from lakesink_datasource.index.key_route import KeyRoute
-from lakesink_datasource.index.owner import default_index_dir, index_owner, token_for
+from lakesink_datasource.index.owner import default_index_dir, index_owner, owner_digest, token_for
 from lakesink_datasource.index.published import fetch as fetch_published
 from lakesink_datasource.index.published import maybe_publish
 from lakesink_datasource.index.reindex import StoredTombstones
@@ -50,10 +50,21 @@ class TaskIndex:
     seconds: float  # opening and syncing
 
 
-def index_location(index_dir: str | None, metadata: TableMetadata, route: KeyRoute | None = None) -> str:
+def index_location(
+    index_dir: str | None, metadata: TableMetadata, route: KeyRoute | None = None, writer: str | None = None
+) -> str:
     """Where a host keeps a table's index: the whole key space, or one key shard of it (a
-    directory beside the whole index's, so either can be dropped alone)."""
+    directory beside the whole index's, so either can be dropped alone).
+
+    `writer`: a streaming query's id. Each query keeps its own index on a host: a task sees
+    the changes of its own batch in flight and the table's committed state, never another
+    writer's batch in flight (whose rows may never commit, and whose pending changes a sync
+    of this query would otherwise undo). Two streams on one table and host then each follow
+    the other's commits from the table, and keys both change are decided at commit
+    (commit/key_conflicts.py). Batch jobs (no query) share the host's index."""
     table_dir = os.path.join(index_dir or default_index_dir(), str(metadata.table_uuid))
+    if writer is not None:
+        table_dir = f"{table_dir}.query-{owner_digest(writer)}"
     return table_dir if route is None else f"{table_dir}.{route.name()}"
 
 

@@ -64,13 +64,15 @@ def tombstone_reader(plan: WritePlan) -> Callable[[], pa.Table | None]:
 
 
 def open_task_index(
-    plan: WritePlan, metadata: TableMetadata, io: FileIO, *, partition_id: int, attempt: int, route: KeyRoute | None = None
+    plan: WritePlan, metadata: TableMetadata, io: FileIO, *, partition_id: int, attempt: int, route: KeyRoute | None = None,
+    query_id: str | None = None,
 ) -> TaskIndex:
     """The host's key index at the table's current snapshot, for this task attempt: of the
-    whole key space, or of the one key shard `route` (rows routed by `cluster_by_key`)."""
+    whole key space, or of the one key shard `route` (rows routed by `cluster_by_key`); a
+    streaming query's own (`query_id`, see `index_location`)."""
     assert plan.keyed is not None
     return open_for_task(
-        index_location(plan.options.index_dir, metadata, route), io, metadata,
+        index_location(plan.options.index_dir, metadata, route, writer=query_id), io, metadata,
         KeyColumns(plan.keyed.table_key_columns, plan.keyed.table_sequence_column, route),
         write_id=plan.write_id, partition_id=partition_id, attempt=attempt, stored=tombstone_reader(plan),
     )

@@ -224,7 +224,7 @@ def write_task(
     route: KeyRoute | None = None
     try:
         if plan.keyed is not None and not plan.keyed.routed:
-            task_index = open_task_index(plan, metadata, io, partition_id=who.partition_id, attempt=who.attempt)
+            task_index = open_task_index(plan, metadata, io, partition_id=who.partition_id, attempt=who.attempt, query_id=who.query_id)
             keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner)
         # Concatenating Spark's batches only pays where they are split (by partition or by key);
         # an unpartitioned append buffers them as they come (the writer keeps each once).
@@ -237,7 +237,9 @@ def write_task(
                 if route is None:
                     route = shard
                     namer.tag = route.file_tag()
-                    task_index = open_task_index(plan, metadata, io, partition_id=who.partition_id, attempt=who.attempt, route=route)
+                    task_index = open_task_index(
+                        plan, metadata, io, partition_id=who.partition_id, attempt=who.attempt, route=route, query_id=who.query_id
+                    )
                     keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner)
             t0 = time.perf_counter()
             if keyed is not None:

@@ -186,3 +186,56 @@ def test_keyed_upserts_survive_crashes_and_the_index_recovers(
     assert_readers_see(warehouse, "db.stream", upsert_model(batches), COLUMNS)
     assert epochs(warehouse) == ["0", "1", "2", "3"]
     assert check_table(load(warehouse, "db.stream")) == []
+
+
+OTHER_UPSERT = """
+import sys
+import pyarrow as pa
+from pyspark.sql import types as T
+from lakesink_datasource.commit.committer import commit_write
+from lakesink_datasource.messages import decode_messages
+from lakesink_datasource.options import parse_options
+from lakesink_datasource.table.setup import plan_write
+from lakesink_datasource.write.task import write_task
+warehouse, index_dir = sys.argv[1], sys.argv[2]
+schema = T.StructType([T.StructField("id", T.LongType()), T.StructField("name", T.StringType())])
+options = parse_options({"table": "db.stream", "warehouse": warehouse, "operation": "upsert", "primary_key": "id",
+                         "index_dir": index_dir, "progress": "false"})
+plan = plan_write(options, schema, overwrite=False)
+rows = pa.RecordBatch.from_pylist([{"id": i, "name": f"other-{i}"} for i in range(20, 40)],
+                                  schema=pa.schema([("id", pa.int64()), ("name", pa.string())]))
+commit_write(plan, decode_messages([write_task(plan, iter([rows]))]), None)
+"""
+
+
+def test_a_kill_between_deciding_shared_keys_and_the_swap_lands_the_batch_once_decided_the_same_way(
+    tmp_path: Path, warehouse: str
+) -> None:
+    """Right before batch 1's swap another writer upserts keys 20..39 (batch 1 writes 10..34):
+    the commit decides the shared keys (this batch is later: its rows win), then the process
+    is killed before the swap. The restarted query replays batch 1 against the other write,
+    lands it once, and the shared keys end the same way."""
+    from lakesink_datasource.check import check_table
+    from lakesink_datasource.iceberg.summary_keys import KEYS_REDECIDED
+
+    batches = make_keyed_source(tmp_path / "source", batches=3)
+    script = tmp_path / "other_upsert.py"
+    script.write_text(OTHER_UPSERT)
+    keyed: tuple[str, ...] = ("operation=upsert", "primary_key=id", f"index_dir={tmp_path / 'index'}")
+    faults = [
+        {"point": "before_commit", "batch": 1, "action": "run", "once": True,
+         "command": [sys.executable, str(script), warehouse, str(tmp_path / "other-index")]},
+        {"point": "keys_redecided", "batch": 1, "action": "kill"},
+    ]
+    assert run_child(tmp_path, warehouse, faults, keyed) != 0
+    other = [{"id": i, "name": f"other-{i}"} for i in range(20, 40)]
+    # Batch 0 and the other writer's upsert; nothing of batch 1.
+    assert_readers_see(warehouse, "db.stream", upsert_model([batches[0], other]), COLUMNS)
+
+    assert run_child(tmp_path, warehouse, None, keyed) == 0
+    assert_readers_see(warehouse, "db.stream", upsert_model([batches[0], other, *batches[1:]]), COLUMNS)
+    assert epochs(warehouse) == ["0", "1", "2"]
+    table = load(warehouse, "db.stream")
+    assert check_table(table) == []
+    # The replay was planned after the other write: it resolved the keys in its tasks.
+    assert not any(KEYS_REDECIDED in s.summary.additional_properties for s in table.metadata.snapshots if s.summary)

@@ -140,12 +140,15 @@ def test_a_keyed_stream_goes_on_exactly_when_a_worker_is_lost_and_a_fresh_one_jo
 
 
 def _shard_owners(home: Path, table_uuid: str, shards: int) -> dict[str, int]:
-    """The host name each key shard's index would have on the worker with this HOME."""
-    from lakesink_datasource.index.key_route import KeyRoute
+    """The host name of each key shard index on the worker with this HOME (the query's own,
+    `<uuid>.query-<digest>.key-shard-...`)."""
     from lakesink_datasource.index.owner import index_owner
 
     base = home / ".cache" / "lakesink" / "index"
-    return {index_owner(str(base / f"{table_uuid}.{KeyRoute(s, shards).name()}")): s for s in range(shards)}
+    return {
+        index_owner(str(p)): int(p.name.split("key-shard-")[1][:5])
+        for p in base.glob(f"{table_uuid}*.key-shard-*-of-{shards:05d}")
+    }
 
 
 def test_a_routed_keyed_stream_keeps_each_shard_on_its_worker(cluster: Cluster, tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from lakesink_datasource.write.changes import KeyedInputError
 from lakesink_datasource.write.task import TaskIdentity, write_task
 
 SHARDS = 3
+ROUTED_QUERY = "routed-query"  # the streaming query the routed batches run as (it keeps its own indexes)
 
 
 # --------------------------------------------------------------------------- the route
@@ -104,14 +105,17 @@ def run_routed(harness: Harness, batch: list[list[list[dict]]], batch_id: int, h
             )
             for rows in task
         ]
-        who = TaskIdentity(partition_id=partition, batch_id=batch_id, query_id="routed-query")
+        who = TaskIdentity(partition_id=partition, batch_id=batch_id, query_id=ROUTED_QUERY)
         messages.append(write_task(harness.on_host(plan, hosts[shard]), iter(batches), who=who))
+        # Each shard's task runs in its own executor process, which publishes on its own: one
+        # process here, so a copy in flight must not make the next shard's task skip its turn.
+        published.wait_for_publishing()
     harness.commit(plan, messages, batch_id)
     return decode_messages(messages)
 
 
 def shard_index_path(harness: Harness, host: int, shard: int) -> str:
-    return index_location(harness.host_dir(host), harness.table().metadata, KeyRoute(shard, SHARDS))
+    return index_location(harness.host_dir(host), harness.table().metadata, KeyRoute(shard, SHARDS), writer=ROUTED_QUERY)
 
 
 def assert_shards_hold_only_their_keys(harness: Harness, keys: range) -> None:

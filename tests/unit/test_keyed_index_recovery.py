@@ -360,8 +360,7 @@ def _compactions_between_batches(config: Config, data: st.DataObject | None, lin
                 harness.assert_matches(model.expected(), f"after the compaction before batch {batch_id}")
             planned = harness.table().metadata.current_snapshot() if batch_id else None
             outcome = harness.run_batch(batch, batch_id)
-            table = harness.table()
-            index = open_sharded(os.path.join(harness.index_dir, str(table.metadata.table_uuid)))
+            index = open_sharded(harness.index_path())
             # Every task syncs the index to the planned snapshot first, even one that
             # receives no rows.
             state = index.get_state()
@@ -702,7 +701,7 @@ def test_a_damaged_index_is_rebuilt_from_the_table_and_results_stay_exact(kind: 
         for batch_id, batch in enumerate(labelled[:2]):
             harness.run_batch(batch, batch_id)
             model.apply_batch(batch)
-        path = os.path.join(harness.index_dir, str(harness.table().metadata.table_uuid))
+        path = harness.index_path()
         # The shard holding most keys (all shards are damaged alike; one is enough to need a rebuild).
         data = max(glob.glob(os.path.join(path, "shard-*", "data.mdb")), key=os.path.getsize)
         if kind == "random-bytes":

@@ -39,6 +39,7 @@ from lakesink_datasource.iceberg.manifest_list import read_manifest_list
 from lakesink_datasource.iceberg.manifests import content_offset, deleted_data_file
 from lakesink_datasource.iceberg.summary_keys import MOVED_DELETES
 from lakesink_datasource.index import follow_compaction as fold_module
+from lakesink_datasource.index.for_write import index_location
 from lakesink_datasource.index.sharded_index import open_sharded
 from lakesink_datasource.maintain import main as maintain_main
 from lakesink_datasource.maintain import maintain_table
@@ -150,7 +151,7 @@ def test_keyed_writes_after_a_compaction_move_keys_without_rebuilding_the_index(
     untouched = [i for i in lineage if i % 2 == 1]
     assert untouched and all(after[i] == lineage[i] for i in untouched)
     # The index forgot the files the compaction removed: it knows exactly the live ones.
-    index = open_sharded(os.path.join(f"{warehouse}/idx", str(table.metadata.table_uuid)))
+    index = open_sharded(index_location(f"{warehouse}/idx", table.metadata, writer="q"))
     assert index.file_count() == len(live_data_files(table.io, table.current_snapshot()))
     # It followed the compaction through row lineage (no key re-read): the untouched keys
     # still reach their rows through the compaction's move maps.
@@ -167,7 +168,7 @@ def test_a_compaction_output_compacted_again_adds_no_map_of_its_own(warehouse: s
     _write(warehouse, range(0, 30, 2), tag="late-", batch=10, **_keyed(warehouse))
     live.update({r["id"]: r for r in _rows(range(0, 30, 2), "late-")})
     table = load(warehouse, IDENT)
-    index = open_sharded(os.path.join(f"{warehouse}/idx", str(table.metadata.table_uuid)))
+    index = open_sharded(index_location(f"{warehouse}/idx", table.metadata, writer="q"))
     moved_once = index.moved_rows()
     assert moved_once > 0
 
@@ -212,7 +213,7 @@ def test_move_maps_are_folded_into_the_keys_once_they_outgrow_the_index(
         assert not [r for r in caplog.records if "rebuilt key index" in r.getMessage()]
         assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
         table = load(warehouse, IDENT)
-        moved.append(open_sharded(os.path.join(f"{warehouse}/idx", str(table.metadata.table_uuid))).moved_rows())
+        moved.append(open_sharded(index_location(f"{warehouse}/idx", table.metadata, writer="q")).moved_rows())
     assert check_table(table) == []
     # All at once: gone after the first batch. One file per sync: two target files (one per
     # bucket), so the maps last one batch longer.
@@ -517,7 +518,7 @@ def test_a_long_upsert_stream_keeps_its_table_bounded(warehouse: str, monkeypatc
             table = load(warehouse, IDENT)
             metadata_sizes.append(os.path.getsize(_local(table.metadata_location)))
             live_files.append(len(live_data_files(table.io, table.current_snapshot())))
-            moved.append(open_sharded(os.path.join(f"{warehouse}/idx", str(table.metadata.table_uuid))).moved_rows())
+            moved.append(open_sharded(index_location(f"{warehouse}/idx", table.metadata, writer="q")).moved_rows())
     table = load(warehouse, IDENT)
     metadata_dir = Path(_local(table.metadata.location)) / "metadata"
     manifests = read_manifest_list(table.io, table.current_snapshot().manifest_list)  # type: ignore[union-attr]
@@ -526,7 +527,7 @@ def test_a_long_upsert_stream_keeps_its_table_bounded(warehouse: str, monkeypatc
     assert len(manifests) <= 8
     assert max(live_files) <= 2 * 12 and live_files[-1] <= live_files[0] + 4  # 2 buckets, a few per size class
     assert max(moved) <= 1000, moved
-    index = open_sharded(os.path.join(f"{warehouse}/idx", str(table.metadata.table_uuid)))
+    index = open_sharded(index_location(f"{warehouse}/idx", table.metadata, writer="q"))
     assert index.count() == 400 and index.file_count() == len(live_data_files(table.io, table.current_snapshot()))
     assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
     assert check_table(table) == []
