@@ -76,6 +76,7 @@ class Redecision:
     """What the commit decided for the keys it shares with concurrent commits."""
 
     hide: dict[str, PendingDeletes] = field(default_factory=dict)  # more positions to hide, by data file
+    keep: dict[str, BitMap64] = field(default_factory=dict)  # positions of the batch's deletes that win after all
     keys: int = 0  # keys decided at commit
     outcome: pa.Table | None = None  # key columns, SEQUENCE, WINNER_FILE, WINNER_POSITION
 
@@ -134,7 +135,10 @@ def redecide(
             path = entry.data_file.file_path
             if path in own or path not in live:
                 continue
-            found = _touched_rows(io, path, rules, touched, hidden=partial(_hidden, io, dvs.get(path), pending.get(path)))
+            # Only the base's DVs count as hidden here: a position of the batch's own deletes in
+            # a file written since it was planned was put there by the rebase (a row moved by a
+            # compaction, or found by key), and is decided again like any other row.
+            found = _touched_rows(io, path, rules, touched, hidden=partial(_hidden, io, dvs.get(path), None))
             if found is None:
                 continue
             if equality:
@@ -196,6 +200,8 @@ def _decide(theirs: _Rows, ours: _Rows, rules: KeyRules, base: TableMetadata) ->
         rows, i = winner
         outcome.append(rows.values[i])
         entry = rows.entries[i]
+        if entry is not None and rows is theirs:
+            out.keep.setdefault(entry.file_path, BitMap64()).add(rows.positions[i])
         winners.append((file_ref(base, entry) if entry is not None else None, rows.positions[i] if entry is not None else -1))
         out.keys += 1
     if outcome:

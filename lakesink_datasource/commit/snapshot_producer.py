@@ -230,9 +230,18 @@ class SnapshotProducer:
         """This attempt's DVs (pending positions merged with the base's) and the delete
         manifests that add them."""
         pending = dict(state.rebased.pending if state.rebased is not None else self._delta.position_deletes)
-        for path, hidden in (state.redecision.hide if state.redecision is not None else {}).items():
-            mine = pending.get(path)
-            pending[path] = hidden if mine is None else PendingDeletes(mine.spec_id, mine.partition, mine.positions | hidden.positions)
+        if state.redecision is not None:
+            for path, hidden in state.redecision.hide.items():
+                mine = pending.get(path)
+                pending[path] = hidden if mine is None else PendingDeletes(mine.spec_id, mine.partition, mine.positions | hidden.positions)
+            for path, kept in state.redecision.keep.items():
+                mine = pending.get(path)
+                if mine is not None:
+                    left = mine.positions - kept
+                    if left:
+                        pending[path] = PendingDeletes(mine.spec_id, mine.partition, left)
+                    else:
+                        del pending[path]
         for path, hidden in (state.replaced.hidden if state.replaced is not None else {}).items():
             mine = pending.get(path)
             pending[path] = hidden if mine is None else PendingDeletes(mine.spec_id, mine.partition, mine.positions | hidden.positions)

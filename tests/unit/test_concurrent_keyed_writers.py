@@ -30,6 +30,7 @@ from pyspark.sql import types as T
 from lakesink_datasource.check import check_table
 from lakesink_datasource.commit.committer import CommitOutcome, commit_write
 from lakesink_datasource.iceberg.summary_keys import KEYS_REDECIDED
+from lakesink_datasource.maintenance.compaction import compact
 from lakesink_datasource.messages import LakeSinkCommitMessage, decode_messages
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.table.plan import WritePlan
@@ -221,10 +222,13 @@ CASES = [("upsert", False, 3), ("cdc", True, 3), ("dedupe", False, 3), ("cdc", T
 def test_two_concurrent_writers_match_the_model_in_commit_order(operation: str, sequence: bool, version: int, data: st.DataObject) -> None:
     """Rounds of two jobs on two hosts planning on the same snapshot, each writing a batch
     of random changes (shared keys, late and tied sequences, deletes), committing in a random
-    order: the table is the model with the batches applied in commit order, after every
-    commit, and each host's index follows (its later batches resolve keys in it)."""
+    order, sometimes with a compaction between the two commits: the table is the model with
+    the batches applied in commit order, after every commit, and each host's index follows
+    (its later batches resolve keys in it)."""
     config = Config(operation, data.draw(st.sampled_from([None, "bucket(2, id)"]), label="partition_by"), sequence, version)
     rounds = data.draw(st.lists(st.tuples(micro_batches(operation, sequence, 2, 2), st.booleans()), min_size=1, max_size=3), label="rounds")
+    # lakesink's compaction between the two commits of a round, as maintenance beside the streams runs it.
+    compactions = data.draw(st.lists(st.booleans(), min_size=len(rounds), max_size=len(rounds)), label="compact")
     with Harness(config) as harness:
         model = Model(config)
         for r, (pair, b_first) in enumerate(rounds):
@@ -244,3 +248,7 @@ def test_two_concurrent_writers_match_the_model_in_commit_order(operation: str, 
                 note(f"round {r} job {job}: {outcome.skipped_reason or 'committed'}, {outcome.keys_redecided} decided at commit")
                 event("keys decided at commit" if outcome.keys_redecided else "no key decided at commit")
                 harness.assert_matches(model.expected(), f"round {r}, after job {job}")
+                if compactions[r] and job == (1 if b_first else 0) and harness.table().metadata.current_snapshot() is not None:
+                    result = compact(harness.table(), budget_bytes=1 << 40, tiered=False)
+                    note(f"round {r}: {result.describe()}")
+                    harness.assert_matches(model.expected(), f"round {r}, after the compaction")
