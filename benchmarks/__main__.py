@@ -162,6 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     scale.add_argument("--out", help="where SCALE-OUT.md and scale_out.json go (default ./benchmark-results/; benchmarks/results holds the committed ones)")
     scale.set_defaults(func=lambda a: __import__("benchmarks.scale_out", fromlist=["x"]).main_args(
         a.sizes, a.reps, a.batch_rows, a.workdir, a.out))
+    red = sub.add_parser("redecide", help="what deciding shared keys at commit costs a keyed batch -> REDECIDE.md")
+    red.add_argument("--rows", type=int, default=1_000_000, help="keys in the table (default 1M)")
+    red.add_argument("--batch", type=int, default=100_000, help="keys a batch upserts (default 100K)")
+    red.add_argument("--reps", type=int, default=6, help="timed rounds (default 6)")
+    red.add_argument("--workdir", help="scratch directory (default /tmp/lakesink-redecide)")
+    red.add_argument("--out", help="where REDECIDE.md and redecide.json go (default ./benchmark-results/; benchmarks/results holds the committed ones)")
+    red.set_defaults(func=lambda a: __import__("benchmarks.redecide_cost", fromlist=["x"]).main_args(a.rows, a.batch, a.reps, a.workdir, a.out))
     req = sub.add_parser("requests", help="S3 requests per batch on SeaweedFS, REST and SQL catalogs -> OBJECT-STORE.md")
     req.add_argument("--batches", type=int, default=8)
     req.add_argument("--rows", type=int, default=10_000)

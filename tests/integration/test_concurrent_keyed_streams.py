@@ -32,7 +32,7 @@ from lakesink_datasource.table.idempotency import last_epoch_property
 
 pytestmark = pytest.mark.slow
 KEYS = 1000
-BATCHES = 100  # per stream: about three minutes of micro-batches for the four streams on local[2]
+BATCHES = 150  # per stream: about three minutes of micro-batches for the four streams on local[2]
 ROWS = 400  # per batch
 
 
