@@ -90,7 +90,8 @@ class _Rows:
     orders: list[int] = field(default_factory=list)  # commit order (data sequence number; _NEVER: this batch)
     entries: list[DataFile | None] = field(default_factory=list)  # the row's data file; None: a delete
     positions: list[int] = field(default_factory=list)
-    values: list[pa.Table] = field(default_factory=list)  # key columns + SEQUENCE, one row per candidate
+    # Where each candidate's key columns (+ SEQUENCE) are: a table read from a file, and the row.
+    values: list[tuple[pa.Table, int]] = field(default_factory=list)
 
 
 def redecide(
@@ -111,8 +112,7 @@ def redecide(
     if not newest_first:
         return Redecision()
     own = {f.file_path for f in added}
-    live = {e.data_file.file_path: e for e in live_data_files(io, base.current_snapshot())}
-    dvs = live_position_deletes(io, base.current_snapshot())
+    state = _BaseFiles(io, base)
     theirs = _Rows()
     written_since: set[str] = set()
     tombstone_files: list[tuple[str, int]] = []
@@ -133,17 +133,17 @@ def redecide(
         order = snapshot.sequence_number or 0
         for entry in adds:
             path = entry.data_file.file_path
-            if path in own or path not in live:
+            if path in own:
                 continue
             # Only the base's DVs count as hidden here: a position of the batch's own deletes in
             # a file written since it was planned was put there by the rebase (a row moved by a
             # compaction, or found by key), and is decided again like any other row.
-            found = _touched_rows(io, path, rules, touched, hidden=partial(_hidden, io, dvs.get(path), None))
-            if found is None:
+            found = _touched_rows(io, path, rules, touched, hidden=partial(state.hidden, path))
+            if found is None or path not in state.live:
                 continue
             if equality:
                 raise _undecidable(snapshot.snapshot_id, "it adds equality deletes, which hide rows by value, not by position")
-            _add_rows(theirs, base, found, live[path].data_file, order)
+            _add_rows(theirs, found, state.live[path].data_file, order)
         props = snapshot.summary.additional_properties if snapshot.summary else {}
         tombstone_files += [(p, order) for p in props.get(TOMBSTONES, "").split(",") if p]
     if rules.sequenced:
@@ -157,16 +157,39 @@ def redecide(
             "(keep the sequence column in the table to let lakesink decide such keys at commit)"
         )
     shared = set(theirs.keys)
+    # This batch's side of the shared keys only: a much smaller filter than every key it touched.
+    narrowed = np.unique(key_hashes(list(shared)))
     ours = _Rows()
     for f in added:
-        found = _touched_rows(io, f.file_path, rules, touched, hidden=partial(_hidden, io, None, pending.get(f.file_path)))
-        if found is not None:
-            _add_rows(ours, base, _only(found, shared), f, _NEVER)
+        found = _touched_rows(io, f.file_path, rules, narrowed, hidden=partial(_hidden, None, pending.get(f.file_path)))
+        _add_rows(ours, _only(found, shared), f, _NEVER)
     for path in rules.tombstones:
-        _add_deletes(ours, _only(_read_keys_in(io, path, rules, touched, sequence=SEQUENCE), shared), _NEVER, sequenced=True)
+        _add_deletes(ours, _only(_read_keys_in(io, path, rules, narrowed, sequence=SEQUENCE), shared), _NEVER, sequenced=True)
     for path in rules.deleted_keys:
-        _add_deletes(ours, _only(_read_keys_in(io, path, rules, touched, sequence=None), shared), _NEVER, sequenced=False)
+        _add_deletes(ours, _only(_read_keys_in(io, path, rules, narrowed, sequence=None), shared), _NEVER, sequenced=False)
     return _decide(theirs, ours, rules, base)
+
+
+class _BaseFiles:
+    """The base's live data files and DVs, read only when a shared key is found (a batch
+    whose concurrent commits share no key never needs them)."""
+
+    def __init__(self, io: FileIO, base: TableMetadata) -> None:
+        self._io, self._base = io, base
+        self._live: dict[str, ManifestEntry] | None = None
+        self._dvs: dict[str, ManifestEntry] | None = None
+
+    @property
+    def live(self) -> dict[str, ManifestEntry]:
+        if self._live is None:
+            self._live = {e.data_file.file_path: e for e in live_data_files(self._io, self._base.current_snapshot())}
+        return self._live
+
+    def hidden(self, path: str) -> BitMap64:
+        if self._dvs is None:
+            self._dvs = live_position_deletes(self._io, self._base.current_snapshot())
+        dv = self._dvs.get(path)
+        return _hidden(read_hidden_positions(self._io, dv.data_file) if dv is not None else None, None)
 
 
 def _decide(theirs: _Rows, ours: _Rows, rules: KeyRules, base: TableMetadata) -> Redecision:
@@ -176,8 +199,8 @@ def _decide(theirs: _Rows, ours: _Rows, rules: KeyRules, base: TableMetadata) ->
         for i, key in enumerate(rows.keys):
             by_key[key].append((rows, i))
     out = Redecision()
-    outcome: list[pa.Table] = []
-    winners: list[tuple[str | None, int]] = []
+    outcome: dict[int, tuple[pa.Table, list[int], list[str | None], list[int | None]]] = {}  # by source table
+    refs: dict[str, str] = {}  # data file path -> the index's name of it
     for candidates in by_key.values():
         mine = [(r, i) for r, i in candidates if r is ours]
         if not mine:
@@ -198,17 +221,25 @@ def _decide(theirs: _Rows, ours: _Rows, rules: KeyRules, base: TableMetadata) ->
             if entry is not None and not (rows is winner[0] and i == winner[1]):
                 _hide(out.hide, base, entry, rows.positions[i])
         rows, i = winner
-        outcome.append(rows.values[i])
         entry = rows.entries[i]
         if entry is not None and rows is theirs:
             out.keep.setdefault(entry.file_path, BitMap64()).add(rows.positions[i])
-        winners.append((file_ref(base, entry) if entry is not None else None, rows.positions[i] if entry is not None else -1))
+        if entry is not None and entry.file_path not in refs:
+            refs[entry.file_path] = file_ref(base, entry)
+        source, row = rows.values[i]
+        _table, taken, files, positions = outcome.setdefault(id(source), (source, [], [], []))
+        taken.append(row)
+        files.append(refs[entry.file_path] if entry is not None else None)
+        positions.append(rows.positions[i] if entry is not None else None)
         out.keys += 1
     if outcome:
-        table = pa.concat_tables(outcome, promote_options="permissive")
-        files = pa.array([w for w, _ in winners], pa.string())
-        positions = pa.array([p if w is not None else None for w, p in winners], pa.int64())
-        out.outcome = table.append_column(WINNER_FILE, files).append_column(WINNER_POSITION, positions)
+        parts = []
+        for source, taken, files, positions in outcome.values():
+            part = source.take(pa.array(taken, pa.int64()))
+            if SEQUENCE not in part.column_names:
+                part = part.append_column(SEQUENCE, pa.nulls(part.num_rows, pa.null()))
+            parts.append(part.append_column(WINNER_FILE, pa.array(files, pa.string())).append_column(WINNER_POSITION, pa.array(positions, pa.int64())))
+        out.outcome = pa.concat_tables(parts, promote_options="permissive")
     return out
 
 
@@ -221,9 +252,18 @@ def _undecidable(snapshot_id: int | None, why: str) -> ConflictError:
     )
 
 
-def _hidden(io: FileIO, dv: ManifestEntry | None, pending: PendingDeletes | None) -> BitMap64:
-    hidden = BitMap64() if dv is None else read_hidden_positions(io, dv.data_file)
+def _hidden(dv: BitMap64 | None, pending: PendingDeletes | None) -> BitMap64:
+    hidden = BitMap64() if dv is None else dv
     return hidden | pending.positions if pending is not None else hidden
+
+
+def _matching(hashes: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Indices of `hashes` found in the sorted, unique `wanted` (a binary search each: no
+    sort or hash table of the file's keys)."""
+    if not len(wanted) or not len(hashes):
+        return np.zeros(0, dtype=np.int64)
+    at = np.minimum(np.searchsorted(wanted, hashes), len(wanted) - 1)
+    return np.flatnonzero(wanted[at] == hashes)
 
 
 def _hide(hide: dict[str, PendingDeletes], base: TableMetadata, entry: DataFile, position: int) -> None:
@@ -247,7 +287,7 @@ def _touched_rows(io: FileIO, path: str, rules: KeyRules, touched: np.ndarray, h
     with io.new_input(path).open() as stream:
         table = pq.read_table(stream, columns=columns)
     keys = encode_keys([table.column(c) for c in rules.key_columns], names=list(rules.key_columns))
-    chosen = np.flatnonzero(np.isin(key_hashes(keys), touched))
+    chosen = _matching(key_hashes(keys), touched)
     if len(chosen):
         invisible = hidden()
         if len(invisible):
@@ -265,7 +305,7 @@ def _read_keys_in(io: FileIO, path: str, rules: KeyRules, touched: np.ndarray, s
     with io.new_input(path).open() as stream:
         table = pq.read_table(stream, columns=list(rules.key_columns) + ([sequence] if sequence else []))
     keys = encode_keys([table.column(c) for c in rules.key_columns], names=list(rules.key_columns))
-    chosen = np.flatnonzero(np.isin(key_hashes(keys), touched))
+    chosen = _matching(key_hashes(keys), touched)
     if not len(chosen):
         return None
     return _Found(table.take(pa.array(chosen)), [keys[i] for i in chosen.tolist()], chosen)
@@ -280,7 +320,7 @@ def _only(found: _Found | None, keys: set[bytes]) -> _Found | None:
     return _Found(found.table.take(pa.array(chosen, pa.int64())), [found.keys[i] for i in chosen], found.positions[chosen])
 
 
-def _add_rows(rows: _Rows, base: TableMetadata, found: _Found | None, data_file: DataFile, order: int) -> None:
+def _add_rows(rows: _Rows, found: _Found | None, data_file: DataFile, order: int) -> None:
     if found is None:
         return
     sequences = _sequences(found.table)
@@ -290,7 +330,7 @@ def _add_rows(rows: _Rows, base: TableMetadata, found: _Found | None, data_file:
         rows.orders.append(order)
         rows.entries.append(data_file)
         rows.positions.append(int(found.positions[i]))
-        rows.values.append(_value_row(found.table, i))
+        rows.values.append((found.table, i))
 
 
 def _add_deletes(rows: _Rows, found: _Found | None, order: int, sequenced: bool) -> None:
@@ -303,7 +343,7 @@ def _add_deletes(rows: _Rows, found: _Found | None, order: int, sequenced: bool)
         rows.orders.append(order)
         rows.entries.append(None)
         rows.positions.append(-1)
-        rows.values.append(_value_row(found.table, i))
+        rows.values.append((found.table, i))
 
 
 def _sequences(table: pa.Table) -> list[bytes | None]:
@@ -313,10 +353,3 @@ def _sequences(table: pa.Table) -> list[bytes | None]:
     if column.null_count:
         raise ConflictError(ConflictKind.KEY_WRITTEN_CONCURRENTLY, "a concurrent row has no sequence value; cannot decide its key at commit")
     return list(encode_keys([column]))
-
-
-def _value_row(table: pa.Table, i: int) -> pa.Table:
-    row = table.slice(i, 1)
-    if SEQUENCE not in row.column_names:
-        row = row.append_column(SEQUENCE, pa.nulls(1, pa.null()))
-    return row
