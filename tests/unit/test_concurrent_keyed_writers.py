@@ -33,6 +33,7 @@ from lakesink_datasource.iceberg.summary_keys import KEYS_REDECIDED
 from lakesink_datasource.maintenance.compaction import compact
 from lakesink_datasource.messages import LakeSinkCommitMessage, decode_messages
 from lakesink_datasource.options import parse_options
+from lakesink_datasource.progress import describe_batch
 from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.table.setup import plan_write
 from lakesink_datasource.write.task import TaskIdentity, write_task
@@ -97,9 +98,11 @@ def test_two_upsert_writers_on_the_same_keys_both_land_and_the_later_commit_wins
         if round_ % 2:
             first, second = second, first
         for writer, plan, message, ids, name in (first, second):
-            assert writer.commit(plan, message).snapshot_id is not None
+            outcome = writer.commit(plan, message)
+            assert outcome.snapshot_id is not None
             live.update({r["id"]: r for r in _rows(ids, f"{name}{round_}-")})  # commit order: the later one wins
         assert _redecided(warehouse) == 17  # keys 0, 6, ..., 96
+        assert "17 keys also written by concurrent commits, decided at commit" in describe_batch(IDENT, None, outcome, None)
         assert_readers_see(warehouse, IDENT, expected_rows(live.values(), COLUMNS), COLUMNS)
         assert check_table(load(warehouse, IDENT)) == []
 
