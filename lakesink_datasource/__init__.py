@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from lakesink_datasource import spark_version as _spark_version
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg import compat as _compat
 from lakesink_datasource.version import __version__
 
 _compat.check_version()  # fail at import, not at the first commit, on an unvetted pyiceberg
+_spark_version.check_pyspark()  # and on a PySpark minor lakesink was not tested on
 
 __all__ = ["LakeSinkDataSource", "LakesinkError", "__version__", "cluster_by_key", "cluster_by_partition"]
 

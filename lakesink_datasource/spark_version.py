@@ -1,0 +1,50 @@
+"""The PySpark minors lakesink supports: the ones its CI runs the suite on.
+
+PySpark 4.1 lacks `pyspark.sql.streaming.datasource` (the streaming reader's admission
+control), so importing lakesink failed there with a bare ModuleNotFoundError; other minors
+were never tested. lakesink checks at import and names what it found and what to install,
+on the driver and on every executor (a cluster's workers may run another PySpark than the
+driver's machine).
+"""
+
+from __future__ import annotations
+
+from lakesink_datasource.errors import LakesinkError
+
+SUPPORTED_MINORS = ((4, 3),)  # tested in CI; setup.cfg declares the same range
+
+
+class UnsupportedSparkError(LakesinkError, ImportError):
+    """The PySpark installed is not one lakesink supports."""
+
+
+def pyspark_version() -> str:
+    """The installed PySpark's version (from its package metadata, else from the module, as
+    on workers that take PySpark from SPARK_HOME's zip without metadata)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pyspark")
+    except PackageNotFoundError:
+        from pyspark.version import __version__
+
+        return __version__
+
+
+def check_pyspark(found: str | None = None) -> None:
+    """Raise UnsupportedSparkError unless `found` (default: the installed PySpark) is a
+    supported minor."""
+    found = found or pyspark_version()
+    try:
+        minor = tuple(int(part) for part in found.split(".")[:2])
+    except ValueError:
+        return  # a development build with an unusual version string: let it be
+    if minor in SUPPORTED_MINORS:
+        return
+    supported = ", ".join(f"{a}.{b}" for a, b in SUPPORTED_MINORS)
+    raise UnsupportedSparkError(
+        f"lakesink supports PySpark {supported} (the versions its tests run on); this Python has PySpark {found}. "
+        f"Install a supported one: pip install 'pyspark>={SUPPORTED_MINORS[0][0]}.{SUPPORTED_MINORS[0][1]},"
+        f"<{SUPPORTED_MINORS[-1][0]}.{SUPPORTED_MINORS[-1][1] + 1}' (on a cluster, in the environment the executors run; "
+        "see docs/deploy.md)"
+    )
