@@ -13,6 +13,7 @@ import threading
 
 import msgspec
 from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.exceptions import NotInstalledError
 
 from lakesink_datasource.catalog.errors import CatalogError
 from lakesink_datasource.iceberg.file_io import FILE_IO_IMPL
@@ -88,12 +89,38 @@ def load(config: CatalogConfig) -> Catalog:
             os.makedirs(warehouse, exist_ok=True)
         try:
             catalog = load_catalog(config.name, **config.properties)
+        except (ImportError, NotInstalledError) as exc:
+            raise CatalogError(_missing_driver(config, exc)) from exc
         except ValueError as exc:
             raise CatalogError(f"{describe(config)} is not configured: {_hint(config)} (pyiceberg said: {exc})") from exc
         except OSError as exc:  # requests' ConnectionError and Timeout are OSErrors
             raise CatalogError(unreachable(config, exc)) from exc
         _cache[key] = (catalog, _inode(embedded) if embedded is not None else None)
         return catalog
+
+
+# Modules a catalog may need that lakesink does not install by default, and the extra that does.
+_EXTRAS = {"psycopg2": "postgres", "psycopg": "postgres"}
+_WHAT = {"postgres": "the PostgreSQL driver psycopg2"}
+
+
+def _missing_driver(config: CatalogConfig, exc: BaseException) -> str:
+    """What to install when a catalog's driver is missing (pyiceberg says NotInstalledError,
+    SQLAlchemy an ImportError of the database module)."""
+    module = None
+    cause: BaseException | None = exc
+    while cause is not None and module is None:  # pyiceberg wraps the ImportError of the driver
+        module = getattr(cause, "name", None) if isinstance(cause, ImportError) else None
+        cause = cause.__cause__ or cause.__context__
+    if module is None and str(config.properties.get("uri", "")).startswith("postgresql"):
+        module = "psycopg2"  # SQLAlchemy's default PostgreSQL driver
+    extra = _EXTRAS.get((module or "").split(".")[0])
+    if extra is not None:
+        return (
+            f"{describe(config)} needs {_WHAT[extra]}, which is not installed: "
+            f"pip install 'lakesink-datasource[{extra}]' (on a cluster, in the environment the driver and executors run)"
+        )
+    return f"{describe(config)} needs a module that is not installed ({type(exc).__name__}: {exc}); install it where Spark's Python runs"
 
 
 def _embedded_file(config: CatalogConfig) -> str | None:

@@ -26,6 +26,7 @@ LAYERS: list[set[str]] = [
     {"progress"},  # what the driver prints per batch
     {"key_routing"},  # cluster_by_key: routes keyed writes by key shard (the sink commits what it wrote)
     {"check", "duckdb_reader", "maintain", "locate", "publish", "clustering", "datasource"},  # tools and the Spark face
+    {"cli"},  # the `lakesink` command: the tools under one name
     {"__init__"},  # the package's public names
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
