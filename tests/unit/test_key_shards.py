@@ -30,6 +30,7 @@ from lakesink_datasource.index.key_route import ROUTE_COLUMN, KeyRoute, decode_r
 from lakesink_datasource.index.sharded_index import open_sharded
 from lakesink_datasource.maintenance.compaction import compact
 from lakesink_datasource.messages import decode_messages
+from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.table.setup import plan_write
 from lakesink_datasource.write.changes import KeyedInputError
 from lakesink_datasource.write.task import TaskIdentity, write_task
@@ -94,6 +95,13 @@ def route_batch(batch: list[list[list[dict]]], shards: int) -> dict[int, list[li
 
 def run_routed(harness: Harness, batch: list[list[list[dict]]], batch_id: int, hosts: list[int]) -> list:
     """Write a batch routed by key shard, shard r's task on host hosts[r]; commit it."""
+    plan, messages = write_routed(harness, batch, batch_id, hosts)
+    harness.commit(plan, messages, batch_id)
+    return decode_messages(messages)
+
+
+def write_routed(harness: Harness, batch: list[list[list[dict]]], batch_id: int, hosts: list[int]) -> tuple[WritePlan, list]:
+    """Plan a batch routed by key shard and run its tasks, shard r's on host hosts[r]."""
     plan = plan_write(harness.options, routed_schema(harness.config), overwrite=False)
     assert plan.keyed is not None and plan.keyed.routed
     values = route_values(SHARDS, SHARDS, ["id"])
@@ -110,8 +118,7 @@ def run_routed(harness: Harness, batch: list[list[list[dict]]], batch_id: int, h
         # Each shard's task runs in its own executor process, which publishes on its own: one
         # process here, so a copy in flight must not make the next shard's task skip its turn.
         published.wait_for_publishing()
-    harness.commit(plan, messages, batch_id)
-    return decode_messages(messages)
+    return plan, messages
 
 
 def shard_index_path(harness: Harness, host: int, shard: int) -> str:
@@ -143,15 +150,35 @@ CONFIGS = [Config("cdc", "bucket(2, id)", True), Config("upsert", None, False), 
 @given(data=st.data())
 def test_routed_batches_on_moving_shards_match_the_model(config: Config, data: st.DataObject) -> None:
     """Shards run on two hosts and move between them; unrouted writes and compactions land
-    between routed batches. The table matches the model after every batch, and no shard's
-    index holds another shard's key."""
+    between routed batches, or an unrouted batch on the same keys commits beside a routed one
+    (either first). The table matches the model (in commit order) after every batch, and no
+    shard's index holds another shard's key."""
     batches = data.draw(micro_batches(config.operation, config.sequence, 2, 5), label="batches")
     labelled = label_batches(config, batches)
     with Harness(config) as harness:
         model = Model(config)
         for batch_id, batch in enumerate(labelled):
-            kind = data.draw(st.sampled_from(["routed", "routed", "unrouted"]), label=f"batch {batch_id}")
-            if kind == "routed":
+            kind = data.draw(st.sampled_from(["routed", "routed", "unrouted", "concurrent"]), label=f"batch {batch_id}")
+            if kind == "concurrent":
+                # A routed batch and an unrouted one on the same keys (the same changes, other
+                # labels), both planned on this snapshot, committed in either order: the later
+                # decides the shared keys at commit, and the shard indexes follow.
+                hosts = data.draw(st.lists(st.integers(0, 1), min_size=SHARDS, max_size=SHARDS), label=f"hosts of batch {batch_id}")
+                routed_first = data.draw(st.booleans(), label=f"routed commits first in batch {batch_id}")
+                other = label_batches(config, [batches[batch_id]], tag="u")[0]
+                routed_plan, routed_messages = write_routed(harness, batch, batch_id, hosts)
+                plain_plan = harness.plan()
+                plain_messages = [harness.write(plain_plan, task, batch_id, partition_id=i) for i, task in enumerate(other)]
+                sides = [
+                    (routed_plan, routed_messages, [t for _s, t in sorted(route_batch(batch, SHARDS).items())]),
+                    (plain_plan, plain_messages, other),
+                ]
+                for plan, messages, applied in sides if routed_first else sides[::-1]:
+                    outcome = harness.commit(plan, messages, batch_id)
+                    event("keys decided at commit" if outcome.keys_redecided else "no key decided at commit")
+                    model.apply_batch(applied)
+                note(f"batch {batch_id}: routed (hosts {hosts}) and unrouted at once, routed first: {routed_first}")
+            elif kind == "routed":
                 hosts = data.draw(st.lists(st.integers(0, 1), min_size=SHARDS, max_size=SHARDS), label=f"hosts of batch {batch_id}")
                 note(f"batch {batch_id}: routed, shards on hosts {hosts}")
                 results = run_routed(harness, batch, batch_id, hosts)
