@@ -9,6 +9,8 @@ the batches, then a pause (the file `<OUT_JSON>.paused` appears; the test replac
 and writes `<OUT_JSON>.resume`), then the same stream (same checkpoint) over the rest.
 SCENARIO "routed": the same through cluster_by_key (4 key shards), an executor killed during
 batch 2, the pause after batch 3.
+SCENARIO "one-worker": two executors on one worker: a cdc stream through cluster_by_key, then
+an unrouted keyed batch.
 OUT_JSON records what each step did, for the test to compare with its model.
 """
 
@@ -68,7 +70,7 @@ def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> N
     )
     if scenario == "speculation":
         builder = builder.config("spark.speculation", "true")
-    if scenario == "routed":
+    if scenario in ("routed", "one-worker"):
         builder = builder.config("spark.sql.shuffle.partitions", "4")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
@@ -123,6 +125,25 @@ def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> N
             report["fault_fired"] = json.load(f) == []
         pause_for_the_test(out)
         routed_stream(4, 8)
+        report["done"] = True
+    elif scenario == "one-worker":
+        # Two executors on one worker (one HOME, so one index directory for both processes):
+        # a routed cdc stream (4 key shards over the two executors), then an unrouted keyed
+        # batch whose tasks on both executors share the worker's whole index.
+        from lakesink_datasource import cluster_by_key
+
+        both_executors()
+        status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
+        report["block_managers"] = status.size()
+        source, checkpoint = f"{out}.source", f"{out}.checkpoint"
+        for rows in cdc_batches(8):
+            spark.createDataFrame(rows, SCHEMA).coalesce(1).write.mode("append").parquet(source)
+        df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(source)
+        routed_options = {k: v for k, v in keyed.items() if k != "primary_key"}
+        (cluster_by_key(df, "id", **routed_options).writeStream.format("lakesink").option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True).start().awaitTermination())
+        last = [(k, f"final-{k}", "u", 1000) for k in range(0, 200, 10)]
+        report["after"] = write(spark.createDataFrame(last, SCHEMA).repartition(4, "id"), keyed)
         report["done"] = True
     elif scenario == "replace":
         source, checkpoint = f"{out}.source", f"{out}.checkpoint"

@@ -203,3 +203,27 @@ def test_a_routed_keyed_stream_keeps_each_shard_on_its_worker(cluster: Cluster, 
         ran = {s for p in placement.values() for s, w in p.items() if w == worker}
         held = {int(p.name.split("key-shard-")[1][:5]) for p in (home / ".cache" / "lakesink" / "index").glob("*.key-shard-*")}
         assert held == ran, f"worker {worker} holds shards {held}, ran {ran}"
+
+
+def test_two_executors_on_one_worker_share_its_index_directory_exactly(tmp_path: Path) -> None:
+    """One worker with two executors (one HOME, so one index directory for two processes): a
+    routed cdc stream spreads its 4 key shards over both executors, then an unrouted keyed
+    batch's tasks on both share the worker's whole index under its host locks. Exact."""
+    cluster = Cluster(tmp_path / "one-worker")
+    try:
+        cluster.start_master()
+        home = cluster.start_worker(memory="2g", cores=2)
+        report = _drive(cluster.master, tmp_path, "one-worker")
+    finally:
+        cluster.stop()
+    assert report["done"] and report["after"] is None, report
+    assert report["block_managers"] == 3  # the driver and two executors
+    last = [(k, f"final-{k}", "u", 1000) for k in range(0, 200, 10)]
+    model = _model([*cdc_batches(8), last])
+    warehouse = str(tmp_path / "warehouse")
+    assert_readers_see(warehouse, TABLE, expected_rows(list(model.values()), COLUMNS), COLUMNS)
+    assert check_table(load(warehouse, TABLE)) == []
+    index = home / ".cache" / "lakesink" / "index"
+    shards = sorted(p.name[p.name.index("key-shard-"):] for p in index.glob("*.key-shard-*"))
+    assert shards == [f"key-shard-{s:05d}-of-00004" for s in range(4)], shards
+    assert [p for p in index.iterdir() if "." not in p.name], "the unrouted batch's whole index is missing"
