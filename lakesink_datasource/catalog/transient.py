@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from lakesink_datasource.catalog.errors import CatalogUnavailable
+from lakesink_datasource.iceberg import outage
 from lakesink_datasource.iceberg.properties import TableSettings
 
 log = logging.getLogger("lakesink")
@@ -44,6 +45,8 @@ _TRANSIENT_MESSAGES = (
     "timed out",
 )
 _MIN_TRANSIENT_WAIT_MS = 500
+# Of those, the ones that say another client holds the database (not that it is away).
+_LOCKED_MESSAGES = ("database is locked", "database is busy", "database table is locked")
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,28 @@ def is_transient(exc: BaseException) -> bool:
             return True
         message = str(exc.orig if exc.orig is not None else exc).lower()
         return any(fragment in message for fragment in _TRANSIENT_MESSAGES)
-    return isinstance(exc, (ConnectionResetError, ConnectionRefusedError, ConnectionAbortedError, TimeoutError))
+    if isinstance(exc, (ConnectionResetError, ConnectionRefusedError, ConnectionAbortedError, TimeoutError)):
+        return True
+    # A catalog whose metadata lives on an object store that is away (a SQL catalog reading
+    # the table's metadata file from S3).
+    # (Not one whose own outage budget is spent already.)
+    return outage.is_transient_io(exc) and not isinstance(exc, outage.StoreUnavailable)
+
+
+def is_locked(exc: BaseException) -> bool:
+    """A transient error that says another client holds the catalog's database (a lock), as
+    opposed to the catalog being away (restarting, unreachable)."""
+    message = str(getattr(exc, "orig", None) or exc).lower()
+    return any(fragment in message for fragment in _LOCKED_MESSAGES)
+
+
+def spent(exc: BaseException, attempt: int, elapsed_ms: float, budget: RetryBudget) -> bool:
+    """Whether retrying after failed attempt `attempt` (0-based) is over: a lock is waited for
+    with Iceberg's `commit.retry.*` budget; a catalog that is away, for the outage budget
+    (`lakesink.outage-timeout-ms`, iceberg/outage.py), long enough for a restart."""
+    if is_locked(exc):
+        return attempt >= budget.retries or elapsed_ms >= budget.total_ms
+    return elapsed_ms >= outage.budget_ms()
 
 
 def retrying(call: Callable[[], T], *, what: str, catalog: str, budget: RetryBudget = DEFAULT_BUDGET) -> T:
@@ -101,16 +125,21 @@ def retrying(call: Callable[[], T], *, what: str, catalog: str, budget: RetryBud
             if not is_transient(exc):
                 raise
             elapsed_ms = (time.monotonic() - started) * 1000
-            if attempt >= budget.retries or elapsed_ms >= budget.total_ms:
+            if spent(exc, attempt, elapsed_ms, budget):
                 raise CatalogUnavailable(
                     f"{catalog} kept failing while {what}: {type(exc).__name__}: {first_line(exc)} "
                     f"({attempt + 1} attempt(s) over {elapsed_ms / 1000:.0f} s). Check that the catalog service is up and "
                     "reachable (for the embedded SQLite catalog: that no other process holds catalog.db locked); to wait "
-                    "longer, raise table properties commit.retry.num-retries and commit.retry.min-wait-ms",
+                    "longer, raise table properties commit.retry.num-retries and commit.retry.min-wait-ms (a lock) or "
+                    f"{outage.OUTAGE_TIMEOUT_MS} (a catalog that is away)",
                     exc, attempt + 1,
                 ) from exc
-            wait = budget.wait_seconds(attempt)
-            log.warning("lakesink: %s is unavailable while %s (%s); retrying in %.1f s", catalog, what, first_line(exc), wait)
+            if is_locked(exc):
+                wait = budget.wait_seconds(attempt)
+                log.warning("lakesink: %s is unavailable while %s (%s); retrying in %.1f s", catalog, what, first_line(exc), wait)
+            else:
+                wait = outage.wait_seconds(attempt)
+                outage.say_waiting(f"{catalog}, {what},", exc, elapsed_ms / 1000, wait, outage.budget_ms() / 1000)
             time.sleep(wait)
             attempt += 1
 

@@ -31,7 +31,7 @@ from pyroaring import BitMap64
 from lakesink_datasource.arrays import unique_sorted
 from lakesink_datasource.catalog import loader, sql_commit
 from lakesink_datasource.catalog.errors import CatalogError, CatalogUnavailable
-from lakesink_datasource.catalog.transient import RetryBudget, first_line, is_transient, retrying
+from lakesink_datasource.catalog.transient import RetryBudget, first_line, is_locked, is_transient, retrying
 from lakesink_datasource.commit import cleanup
 from lakesink_datasource.commit.data_files import data_file
 from lakesink_datasource.commit.deletion_vectors import PendingDeletes
@@ -44,6 +44,7 @@ from lakesink_datasource.commit.swap import PreparedCommit, swap_in
 from lakesink_datasource.commit.validation import ConflictError, ConflictKind
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.faults import fault_point
+from lakesink_datasource.iceberg import outage
 from lakesink_datasource.iceberg import summary_keys as keys
 from lakesink_datasource.iceberg.expiry import snapshots_to_expire
 from lakesink_datasource.iceberg.partition_key import decode_partition
@@ -309,6 +310,16 @@ def _load(catalog: Catalog, plan: WritePlan, budget: RetryBudget) -> Table:
     )
 
 
+def _give_up(unavailable: BaseException | None, attempt_number: int, attempts: int, deadline: float, away_since: float | None) -> bool:
+    """Whether the commit stops retrying after failed attempt `attempt_number`: a lock (or a
+    lost race) within Iceberg's `commit.retry.*` budget, a catalog that is away within the
+    outage budget, counted from when it stopped answering."""
+    if unavailable is not None and not is_locked(unavailable):
+        started = away_since if away_since is not None else time.monotonic()
+        return (time.monotonic() - started) * 1000 >= outage.budget_ms()
+    return attempt_number + 1 >= attempts or time.monotonic() > deadline
+
+
 def _write_settings(plan: WritePlan, metadata: TableMetadata | None = None) -> TableSettings:
     """The table's settings as this write sees them: its own `property.<key>` options over
     the table's properties (they land with its commit, and govern that commit too)."""
@@ -394,14 +405,27 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
             extra[keys.INDEX_STARTS] = "; ".join(starts)
     tombstone_max = max((r.tombstone_max_sequence for r in results if r.tombstone_max_sequence is not None), default=None)
     settings = _write_settings(plan, metadata)
+    outage.set_budget(settings.outage_timeout_ms)
     budget = RetryBudget.of(settings)
     deadline = time.monotonic() + settings.commit_total_retry_time_ms / 1000
     attempts = settings.commit_num_retries + 1
     unavailable: BaseException | None = None  # the last attempt's transient catalog error, if that is how it failed
+    away_since: float | None = None  # when the catalog stopped answering (not a lock), for the outage budget
+    races = 0  # swaps lost to other writers
     fresh = True  # `table` is the state the last swap was refused on (else: reload it first)
-    for attempt_number in range(attempts):
+    attempt_number = -1
+    while True:
+        attempt_number += 1
         if attempt_number:
-            wait = budget.wait_seconds(attempt_number - 1) if unavailable is not None else _backoff_seconds(settings, attempt_number - 1)
+            if unavailable is not None and not is_locked(unavailable):
+                # The catalog is away: wait for it (and say so) within the outage budget.
+                away_since = away_since if away_since is not None else time.monotonic()
+                waited = time.monotonic() - away_since
+                wait = outage.wait_seconds(attempt_number - 1)
+                outage.say_waiting(f"committing to {plan.identifier} ({catalog_name})", unavailable, waited, wait, outage.budget_ms() / 1000)
+            else:
+                away_since = None
+                wait = budget.wait_seconds(attempt_number - 1) if unavailable is not None else _backoff_seconds(settings, attempt_number - 1)
             time.sleep(wait)
         if not fresh:
             # One budget for the whole commit: a reload that fails too is one more attempt.
@@ -412,7 +436,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
                     raise
                 unavailable = exc
                 log.warning("lakesink: commit attempt %d: %s did not answer (%s)", attempt_number + 1, catalog_name, first_line(exc))
-                if time.monotonic() > deadline:
+                if _give_up(unavailable, attempt_number, attempts, deadline, away_since):
                     break
                 continue
             fresh = True
@@ -438,6 +462,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
             committed = swap_in(table, attempt)
         except CommitFailedException as exc:
             unavailable = None
+            races += 1
             log.info("lakesink: commit attempt %d lost a race (%s); retrying on the new table state", attempt_number + 1, exc)
         except Exception as exc:
             if not is_transient(exc):
@@ -450,18 +475,19 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
         else:
             return _committed(plan, producer, attempt, committed, table, attempt_number, batch_id, stats, delta, started)
         fresh = False
-        if time.monotonic() > deadline:
+        if races >= attempts or _give_up(unavailable, attempt_number, attempts, deadline, away_since):
             break
     if unavailable is not None:
         # Whether an attempt landed is unknown: keep its files (the abort or the replay of
         # this batch looks at the table and knows).
         raise CatalogUnavailable(
             f"could not commit to {plan.identifier}: {catalog_name} kept failing ({type(unavailable).__name__}: "
-            f"{first_line(unavailable)}) over {attempts} attempt(s). Check that the catalog service is up and reachable "
+            f"{first_line(unavailable)}) over {attempt_number + 1} attempt(s). Check that the catalog service is up and reachable "
             "(for the embedded SQLite catalog: that no other process holds catalog.db locked); to wait longer, raise table "
-            "properties commit.retry.num-retries and commit.retry.min-wait-ms. Restarting the query is safe: a batch "
-            "that did land is recognised and not written twice",
-            unavailable, attempts,
+            "properties commit.retry.num-retries and commit.retry.min-wait-ms (a lock) or "
+            f"{outage.OUTAGE_TIMEOUT_MS} (a catalog that is away, now {outage.budget_ms()} ms). Restarting the query is safe: "
+            "a batch that did land is recognised and not written twice",
+            unavailable, attempt_number + 1,
         ) from unavailable
     producer.cleanup(committed_attempt=None)
     raise CommitError(

@@ -13,22 +13,56 @@ Reads stay two requests a file (the object's size, then its bytes): opening mani
 metadata files as plain streams was tried and still cost two (pyarrow asks for the size
 either way).
 
+On an object store every file operation also rides out an outage (iceberg/outage.py): a
+read that fails for a transient reason reopens the object where it stopped and goes on; a
+write goes to a spooled buffer (memory, then a local temporary file) and is uploaded when
+the file is closed, the upload repeated until it lands or the outage budget is spent (an
+object is put whole, so a repeated upload is the same object). Local files are left as
+they are.
+
 Selected through pyiceberg's own `py-io-impl` property (`catalog.loader` sets it when the
 write names no FileIO of its own), so catalogs, tables and tasks all load this class.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from types import TracebackType
 from typing import Any
 
 from pyarrow.fs import FileSystem, S3FileSystem
-from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.io import InputFile, InputStream, OutputFile, OutputStream
+from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
+
+from lakesink_datasource.iceberg.outage import with_retries
+
+_SPOOL_IN_MEMORY = 16 * 1024 * 1024  # bytes a written file keeps in memory before spilling to disk
 
 IMPL = f"{__name__}.LakesinkFileIO"
 FILE_IO_IMPL = "py-io-impl"
 
 
+def _is_local(location: str) -> bool:
+    return "://" not in location or location.startswith("file:")
+
+
 class LakesinkFileIO(PyArrowFileIO):
+    def new_input(self, location: str) -> InputFile:  # type: ignore[override]  # a wrapper of PyArrowFile on stores
+        inner = super().new_input(location)
+        return inner if _is_local(location) else _RetryingFile(inner)
+
+    def new_output(self, location: str) -> OutputFile:  # type: ignore[override]
+        inner = super().new_output(location)
+        return inner if _is_local(location) else _RetryingFile(inner)
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        path = location if isinstance(location, str) else location.location
+        if _is_local(path):
+            super().delete(path)
+        else:
+            with_retries(lambda: PyArrowFileIO.delete(self, path), f"deleting {path}")
+
     def _initialize_s3_fs(self, netloc: str | None) -> FileSystem:
         fs = super()._initialize_s3_fs(netloc)
         if self.properties.get("s3.retry-strategy-impl"):
@@ -36,3 +70,147 @@ class LakesinkFileIO(PyArrowFileIO):
         rebuild: Any
         rebuild, (options,) = fs.__reduce__()
         return rebuild({**options, "allow_delayed_open": True}) if isinstance(fs, S3FileSystem) else fs
+
+
+class _RetryingFile(InputFile, OutputFile):
+    """An object on a store: every call retried through an outage."""
+
+    def __init__(self, inner: PyArrowFile) -> None:
+        InputFile.__init__(self, inner.location)
+        self._inner = inner
+
+    def __len__(self) -> int:
+        return with_retries(lambda: len(self._inner), f"reading the size of {self.location}")
+
+    def exists(self) -> bool:
+        return with_retries(self._inner.exists, f"looking for {self.location}")
+
+    def open(self, seekable: bool = True) -> InputStream:
+        return _RetryingInput(self._inner, seekable)
+
+    def create(self, overwrite: bool = False) -> OutputStream:
+        return _SpooledUpload(self._inner, overwrite)
+
+    def to_input_file(self) -> InputFile:
+        return self
+
+
+class _RetryingInput:
+    """A read stream that reopens the object at its position when a read fails transiently."""
+
+    def __init__(self, inner: PyArrowFile, seekable: bool) -> None:
+        self._inner, self._seekable = inner, seekable
+        self._position = 0
+        self._stream: Any = with_retries(lambda: inner.open(seekable=seekable), f"opening {inner.location}")
+        self.closed = False
+
+    def _again(self, call: Any, what: str) -> Any:
+        def attempt() -> Any:
+            try:
+                return call()
+            except Exception:
+                # A stream that failed is not trusted again: the next attempt reopens it where
+                # this one was.
+                try:
+                    self._stream.close()
+                except Exception:  # noqa: BLE001 (it failed already)
+                    pass
+                self._stream = self._inner.open(seekable=self._seekable)
+                if self._position:
+                    self._stream.seek(self._position)
+                raise
+
+        return with_retries(attempt, f"{what} {self._inner.location}")
+
+    def read(self, size: int = -1) -> bytes:
+        data: bytes = self._again(lambda: self._stream.read(size) if size is not None and size >= 0 else self._stream.read(), "reading")
+        self._position += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._position = int(self._again(lambda: self._stream.seek(offset, whence), "seeking in"))
+        return self._position
+
+    def tell(self) -> int:
+        return self._position
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return self._seekable
+
+    def writable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._stream.close()
+
+    def __enter__(self) -> _RetryingInput:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+class _SpooledUpload:
+    """A write stream whose bytes are uploaded as one object when it is closed, the upload
+    retried through an outage (the bytes stay in the spool until it lands)."""
+
+    def __init__(self, inner: PyArrowFile, overwrite: bool) -> None:
+        self._inner, self._overwrite = inner, overwrite
+        self._spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY)  # noqa: SIM115 (closed in close())
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        return self._spool.write(data)
+
+    def tell(self) -> int:
+        return self._spool.tell()
+
+    def flush(self) -> None:
+        pass  # the object is put whole at close
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
+    def _upload(self, overwrite: bool) -> None:
+        self._spool.seek(0)
+        with self._inner.create(overwrite=overwrite) as out:
+            shutil.copyfileobj(self._spool, out, 8 * 1024 * 1024)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            first = [True]
+
+            def upload() -> None:
+                # A retried upload may meet the object an earlier attempt did put after all.
+                overwrite = self._overwrite or not first[0]
+                first[0] = False
+                self._upload(overwrite)
+
+            with_retries(upload, f"writing {self._inner.location}")
+        finally:
+            self._spool.close()
+
+    def __enter__(self) -> _SpooledUpload:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        if kind is not None:
+            # The writer failed: put nothing (a partial object would be worse than none).
+            self.closed = True
+            self._spool.close()
+            return
+        self.close()

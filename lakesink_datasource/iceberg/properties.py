@@ -17,6 +17,7 @@ from pyiceberg.table.metadata import TableMetadata
 
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.manifests import AvroCodec
+from lakesink_datasource.iceberg.outage import DEFAULT_OUTAGE_MS, OUTAGE_TIMEOUT_MS
 
 # --- names (Iceberg's own) ------------------------------------------------------------------
 
@@ -128,6 +129,9 @@ class TableSettings:
     orphan_interval_ms: int
     compaction_min_budget_bytes: int
     compaction_batches_per_run: int
+    # How long a task, a plan or a commit waits for an object store or catalog that is away
+    # (iceberg/outage.py): long enough for a restart.
+    outage_timeout_ms: int
     data_path: str  # where data (and delete) files go
     metadata_path: str  # where manifests, manifest lists and metadata files go
 
@@ -158,6 +162,7 @@ class TableSettings:
             orphan_interval_ms=_int(props, ORPHAN_INTERVAL_MS, 24 * 3600 * 1000),
             compaction_min_budget_bytes=_int(props, COMPACTION_MIN_BUDGET_BYTES, 32 * 1024 * 1024, minimum=0),
             compaction_batches_per_run=_int(props, COMPACTION_BATCHES_PER_RUN, 3, minimum=1),
+            outage_timeout_ms=_int(props, OUTAGE_TIMEOUT_MS, DEFAULT_OUTAGE_MS, minimum=0),
             data_path=(props.get(DATA_PATH) or f"{location.rstrip('/')}/data").rstrip("/"),
             metadata_path=(props.get(METADATA_PATH) or f"{location.rstrip('/')}/metadata").rstrip("/"),
         )

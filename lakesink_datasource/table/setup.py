@@ -22,6 +22,7 @@ from pyspark.sql.types import StructType
 from lakesink_datasource.catalog import loader, sql_commit
 from lakesink_datasource.catalog.errors import CatalogError
 from lakesink_datasource.catalog.transient import retrying
+from lakesink_datasource.iceberg import outage
 from lakesink_datasource.iceberg.compat import v3_metadata_writes
 from lakesink_datasource.iceberg.history import branch_head
 from lakesink_datasource.iceberg.properties import CREATE_DEFAULTS, FORMAT_VERSION, PropertyError, TableSettings
@@ -387,7 +388,8 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
     try:
         # The table's own properties too: one another engine set to a value lakesink cannot
         # use must fail here, not in every task.
-        TableSettings.for_write(table.metadata.properties, options.table_properties, table.metadata.location)
+        settings = TableSettings.for_write(table.metadata.properties, options.table_properties, table.metadata.location)
+        outage.set_budget(settings.outage_timeout_ms)  # the driver's planning and commit wait as long
     except PropertyError as exc:
         raise OptionError(f"{exc} (table {options.table}); fix it with property.{exc.name}=...") from None
     keyed = _plan_keys(options, spark_schema, table, routed)

@@ -21,6 +21,7 @@ from pyiceberg.schema import Schema
 
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.faults import fault_point
+from lakesink_datasource.iceberg import outage
 from lakesink_datasource.iceberg.partition_key import PartitionKey, partition_path
 from lakesink_datasource.iceberg.properties import TableSettings, effective_properties
 from lakesink_datasource.iceberg.row_filter import RowFilter, matches, parse_filter
@@ -199,6 +200,7 @@ def write_task(
     # The write's own property.<key> options apply to what it writes: they land with it.
     properties = effective_properties(metadata.properties, plan.options.table_properties)
     settings = TableSettings.of(properties, metadata.location)
+    outage.set_budget(settings.outage_timeout_ms)  # how long this task waits for a store that is away
     data_dir = settings.data_path
     writer = PartitionedParquetWriter.for_table(
         settings,
@@ -254,6 +256,7 @@ def write_task(
             writer.write_groups(grouped, groups)
             partition_seconds += t1 - t0
             write_seconds += time.perf_counter() - t1
+        fault_point("task_rows_written", who.batch_id)  # tests: the store goes away before the files are put
         t1 = time.perf_counter()
         files = writer.close()
         write_seconds += time.perf_counter() - t1

@@ -260,3 +260,94 @@ plan = plan_write(parse_options(options), schema, False)
 batch = pa.record_batch({"id": pa.array([100], pa.int64()), "name": pa.array(["other"])})
 commit_write(plan, decode_messages([write_task(plan, iter([batch]), who=TaskIdentity())]), None)
 """
+
+
+# ----------------------------------------------------------------- outages
+
+SEAWEEDFS_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "start_seaweedfs.sh"
+
+
+def _weed_pids() -> list[int]:
+    """The running `weed mini` of the tests (started by .ci/run or the object_store fixture)."""
+    data = os.path.join(os.environ.get("LAKESINK_SEAWEEDFS_DIR", "/tmp/lakesink-seaweedfs"), "data")
+    found = subprocess.run(["pgrep", "-f", f"weed mini -dir={data}"], capture_output=True, text=True)
+    return [int(p) for p in found.stdout.split()]
+
+
+TAKE_THE_STORE_AWAY = """
+import os, signal, subprocess, sys
+for pid in map(int, sys.argv[2:]):
+    os.kill(pid, signal.SIGKILL)
+# Back on the same data after the outage, from a process of its own (this one returns now).
+subprocess.Popen(["sh", "-c", f"sleep 60; {sys.argv[1]} > /dev/null 2>&1"], start_new_session=True)
+"""
+
+
+def test_a_keyed_stream_rides_out_the_store_and_its_catalog_going_away_for_a_minute(deployment: Deployment, tmp_path: Path) -> None:
+    """SeaweedFS (the S3 store, and for `rest` the REST catalog too) is killed once two batches
+    have landed, stays down for 60 seconds and is started again on the same data: the query
+    waits (whatever runs next retries within the outage budget, saying so) and never stops;
+    the table is exact."""
+    _ride_out_an_outage(deployment, tmp_path, fault=None)
+
+
+@pytest.mark.parametrize("deployment", ["sql"], indirect=True)
+@pytest.mark.parametrize("fault", ["task_rows_written", "before_commit"], ids=["while-a-task-writes", "before-the-commit"])
+def test_a_task_and_a_commit_wait_for_the_store_to_come_back(deployment: Deployment, tmp_path: Path, fault: str) -> None:
+    """The same outage started right before a task of batch 2 puts its files (it waits on
+    the data file's upload) or right before the driver commits batch 2 (it waits on the
+    manifests): the query never stops, the table is exact."""
+    _ride_out_an_outage(deployment, tmp_path, fault=fault)
+
+
+def _ride_out_an_outage(deployment: Deployment, tmp_path: Path, fault: str | None) -> None:
+    import time
+
+    source = tmp_path / "source"
+    source.mkdir()
+    batches = [[{"id": (b * 7 + i) % 120, "name": f"b{b}-{i}"} for i in range(30)] for b in range(30)]
+    for b, part in enumerate(batches):
+        path = source / f"{b:03d}.parquet"
+        pq.write_table(pa.Table.from_pylist(part, schema=pa.schema([("id", pa.int64()), ("name", pa.string())])), path)
+        os.utime(path, (1_700_000_000 + b * 10, 1_700_000_000 + b * 10))
+    keyed = {"operation": "upsert", "primary_key": "id", "format_version": "2", "index_dir": str(tmp_path / "index")}
+    extra = [f"{k}={v}" for k, v in {**deployment.options, **keyed}.items()]
+    checkpoint = tmp_path / "checkpoint"
+    pids = _weed_pids()
+    assert pids, "no SeaweedFS process to take away"
+    script = tmp_path / "take_the_store_away.py"
+    script.write_text(TAKE_THE_STORE_AWAY)
+    env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS"}
+    if fault is not None:
+        faults = tmp_path / "faults.json"
+        command = [sys.executable, str(script), str(SEAWEEDFS_SCRIPT), *map(str, pids)]
+        faults.write_text(json.dumps([{"point": fault, "batch": 2, "action": "run", "once": True, "command": command}]))
+        env["LAKESINK_FAULTS"] = str(faults)
+    log = open(tmp_path / "child.log", "wb")  # noqa: SIM115 (closed below)
+    child = subprocess.Popen([sys.executable, CHILD, str(source), str(checkpoint), str(tmp_path / "unused"), deployment.ident("outage"), *extra],
+                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        if fault is None:
+            deadline = time.monotonic() + 300
+            while not (checkpoint / "commits" / "1").exists():  # two batches landed: the stream is running
+                assert child.poll() is None, (tmp_path / "child.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the stream never committed a batch"
+                time.sleep(0.2)
+            subprocess.run([sys.executable, str(script), str(SEAWEEDFS_SCRIPT), *map(str, pids)], check=True)
+        code = child.wait(timeout=900)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+        log.close()
+        # The store back for the tests after this one, whatever happened.
+        subprocess.run([str(SEAWEEDFS_SCRIPT)], check=True, capture_output=True, timeout=180)
+    output = (tmp_path / "child.log").read_text()
+    assert code == 0, output[-4000:]
+    assert "outage budget" in output  # it said it was waiting, and on what
+    if fault is not None:
+        assert json.loads((tmp_path / "faults.json").read_text()) == []  # the fault fired
+    live: dict[int, dict] = {}
+    for part in batches:
+        live.update({r["id"]: r for r in part})
+    deployment.assert_readers_see("outage", list(live.values()))
+    assert check_table(deployment.load("outage")) == []
