@@ -42,12 +42,12 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Snapshot
 
 from lakesink_datasource.iceberg.history import snapshots_after
-from lakesink_datasource.iceberg.summary_keys import REDECIDED_KEYS
+from lakesink_datasource.iceberg.summary_keys import REDECIDED_KEYS, WRITE_ID
 from lakesink_datasource.index.environment import IndexState
 from lakesink_datasource.index.follow_changes import CannotFollow, follow_changes, follow_redecided
 from lakesink_datasource.index.follow_compaction import fold_moves, fold_needed, follow_compaction
 from lakesink_datasource.index.key_columns import KeyColumns
-from lakesink_datasource.index.owner import owner_digest
+from lakesink_datasource.index.owner import owner_digest, write_of
 from lakesink_datasource.index.reindex import StoredTombstones, floor_lifted, index_state, rebuild
 from lakesink_datasource.index.sharded_index import ShardedIndex
 from lakesink_datasource.index.tokens import (
@@ -145,6 +145,9 @@ def _walk(
     # catch-up below works on committed state only.
     roll_back_uncommitted(index, write_id, committed=committed_writes(path))
     pending = index.pending_tokens()
+    overtaken = _overtaken(path, pending)
+    if overtaken is not None:
+        return overtaken
     catching_up = False
     for snapshot in path:
         report.snapshots += 1
@@ -178,6 +181,30 @@ def _walk(
     index.set_state(index_state(metadata, target, state.tombstone_floor))
     if report.action == "current":
         report.action = "caught up"
+    return None
+
+
+def _overtaken(path: list[Snapshot], pending: list[str]) -> str | None:
+    """Why this host's index cannot be walked over `path`: another writer's commit lands in it
+    before a batch whose changes this host already holds (its pending tokens). Walking that
+    commit would lay its changes over the batch's for keys both wrote, although the batch
+    committed later (a delete of a key the batch wrote, the outcome of keys the other commit
+    decided at commit): the index must then start over and apply both in commit order.
+    Compactions move rows without deciding keys, and are followed as usual."""
+    mine = {write_of(t) for t in pending}
+    if not mine:
+        return None
+    last_own = max((i for i, s in enumerate(path) if s.summary and s.summary.additional_properties.get(WRITE_ID) in mine), default=None)
+    if last_own is None:
+        return None
+    for snapshot in path[:last_own]:
+        summary = snapshot.summary
+        if summary is None or summary.operation == Operation.REPLACE or summary.additional_properties.get(WRITE_ID) in mine:
+            continue
+        return (
+            f"snapshot {snapshot.snapshot_id}, another writer's, committed while this host's batch was in flight and before it; "
+            "this host's index holds that batch's changes already, so it starts over to apply both in commit order"
+        )
     return None
 
 

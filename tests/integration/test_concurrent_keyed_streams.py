@@ -90,8 +90,9 @@ def test_keyed_streams_on_the_same_keys_all_keep_committing_and_the_tables_are_e
     spark.createDataFrame([(i, "base") for i in range(KEYS)], "id long, v string").write.format("lakesink").option(
         "warehouse", warehouse).option("operation", "upsert").option("primary_key", "id").option("maintenance", "off").mode("append").save("db.up")
     cdc_base = [{"id": i, "v": "base", "seq": -(10**12)} for i in range(KEYS)]
+    # A keyed write creates it, so the table's identifier field is the key (`check` then looks for duplicates).
     spark.createDataFrame(cdc_base, "id long, v string, seq long").write.format("lakesink").option(
-        "warehouse", warehouse).mode("append").save("db.cdc")
+        "warehouse", warehouse).option("operation", "upsert").option("primary_key", "id").mode("append").save("db.cdc")
     upsert_sources = [_write_sources(tmp_path, s, cdc=False) for s in (0, 1)]
     cdc_sources = [_write_sources(tmp_path, s, cdc=True) for s in (0, 1)]
     queries = []

@@ -199,6 +199,31 @@ def test_cdc_decides_a_shared_key_by_sequence_whichever_commits_first(warehouse:
     assert check_table(load(warehouse, IDENT)) == []
 
 
+def test_a_decision_committed_between_a_hosts_plan_and_its_commit_does_not_undo_its_batch(warehouse: str) -> None:
+    """Writer b's late batch decides key 1 at commit (writer a's row at sequence 3 wins) while
+    writer a's next batch (sequence 5) is in flight; a commits after. a's host holds its batch
+    already when it next walks b's snapshot: b's outcome (key 1 -> the row at 3) must not lay
+    over it (it used to: a's following batch then hid the stale row and left two live rows)."""
+    a, b = _Cdc(warehouse, f"{warehouse}/index-a"), _Cdc(warehouse, f"{warehouse}/index-b")
+
+    def rows(tag: str, seq: int, ids: Iterable[int] = (1, 2)) -> list[dict]:
+        return [{"id": i, "v": f"{tag}{i}", "seq": seq, "op": "u"} for i in ids]
+
+    a.commit(a.plan(), a.write_rows(a.plan(), rows("base-", 1)))
+    plan_b = b.plan()
+    plan_a1 = a.plan()
+    a.commit(plan_a1, a.write_rows(plan_a1, rows("a1-", 3)))
+    plan_a2 = a.plan()
+    message_a2 = a.write_rows(plan_a2, rows("a2-", 5))
+    assert b.commit(plan_b, b.write_rows(plan_b, rows("b-", 2))).keys_redecided == 2  # a's rows at 3 win
+    assert a.commit(plan_a2, message_a2).snapshot_id is not None
+    assert_readers_see(warehouse, IDENT, expected_rows(rows("a2-", 5), COLUMNS), COLUMNS)
+    plan_a3 = a.plan()
+    a.commit(plan_a3, a.write_rows(plan_a3, rows("a3-", 7)))
+    assert_readers_see(warehouse, IDENT, expected_rows(rows("a3-", 7), COLUMNS), COLUMNS)
+    assert check_table(load(warehouse, IDENT)) == []
+
+
 def test_dedupe_keeps_the_row_committed_first(warehouse: str) -> None:
     a = _Writer(warehouse, f"{warehouse}/index-a", operation="dedupe")
     b = _Writer(warehouse, f"{warehouse}/index-b", operation="dedupe")
