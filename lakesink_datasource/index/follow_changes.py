@@ -21,9 +21,10 @@ tokens): its files and its delete reports are skipped. What cannot be followed (
 deletes) raises CannotFollow, and the caller rebuilds.
 
 A keyed batch that shared keys with commits made while it was in flight decided them at
-commit (commit/key_conflicts.py) and names the outcome in its summary: every host, the
-batch's own included, applies it after the snapshot's other changes (`follow_redecided`),
-since the host's own provisional changes went in before it followed those other commits.
+commit (commit/key_conflicts.py) and names the outcome in its summary: a host applies it
+after the snapshot's other changes (`follow_redecided`). (A host that made part of such a
+batch holds it already and starts over instead of walking the commits that overtook it:
+sync._overtaken.)
 """
 
 from __future__ import annotations

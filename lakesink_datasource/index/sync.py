@@ -15,6 +15,8 @@ the tokens' part is `tokens.py`):
      overwrites), is followed from what the snapshot changed (`follow_changes.py`);
    - a compaction (`replace`) is followed through row lineage (`follow_compaction.py`);
    - keys a batch decided at commit against concurrent commits are set to its outcome last;
+   - a batch this host holds already (pending tokens) that another writer's commit overtook
+     (landed between its plan and its commit) makes the index start over (`_overtaken`);
    - what cannot be followed (equality deletes, history the index's state is not in:
      expired or another table, no index at all, an interrupted catch-up toward another
      snapshot) starts over: from a published copy of the index when one fits
@@ -169,8 +171,8 @@ def _walk(
             if not own.only_here:
                 follow_changes(index, io, metadata, snapshot, columns, own_digest=owner_digest(host) if tokens else None)
                 report.followed += 1
-            # Keys the batch decided at commit: its outcome last, over what this host's own
-            # part and the concurrent commits walked before left for them.
+            # Keys the batch decided at commit: its outcome last, over what the snapshot's
+            # other changes and the commits walked before left for them.
             follow_redecided(index, io, snapshot, columns)
         except CannotFollow as exc:
             return str(exc)
