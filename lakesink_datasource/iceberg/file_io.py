@@ -106,18 +106,20 @@ class _RetryingInput:
 
     def _again(self, call: Any, what: str) -> Any:
         def attempt() -> Any:
-            try:
-                return call()
-            except Exception:
-                # A stream that failed is not trusted again: the next attempt reopens it where
-                # this one was.
-                try:
-                    self._stream.close()
-                except Exception:  # noqa: BLE001 (it failed already)
-                    pass
+            if self._stream is None:
+                # The last attempt's stream failed and is not trusted again: reopen the object
+                # where that attempt was (a reopen that fails is retried like the read).
                 self._stream = self._inner.open(seekable=self._seekable)
                 if self._position:
                     self._stream.seek(self._position)
+            try:
+                return call()
+            except Exception:
+                stream, self._stream = self._stream, None
+                try:
+                    stream.close()
+                except Exception:  # noqa: BLE001 (it failed already)
+                    pass
                 raise
 
         return with_retries(attempt, f"{what} {self._inner.location}")
@@ -146,7 +148,8 @@ class _RetryingInput:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self._stream.close()
+            if self._stream is not None:
+                self._stream.close()
 
     def __enter__(self) -> _RetryingInput:
         return self
