@@ -81,7 +81,8 @@ def _stream_append(args: argparse.Namespace) -> int:
     from benchmarks.harness import OUT_DIR
 
     stream_append.EXTRA.update(dict(o.split("=", 1) for o in args.lakesink_option))
-    return stream_append.main(reps=args.reps, java=not args.no_java, out=Path(args.out).resolve() if args.out else OUT_DIR)
+    return stream_append.main(reps=args.reps, java=not args.no_java, out=Path(args.out).resolve() if args.out else OUT_DIR,
+                              fresh=args.fresh, long=args.long)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -178,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     sa.add_argument("--reps", type=int, default=3, help="runs per sink and case (default 3)")
     sa.add_argument("--no-java", action="store_true", help="without Iceberg Java's sink (Spark 3.5)")
     sa.add_argument("--lakesink-option", action="append", default=[], help="key=value added to both lakesink sides")
+    sa.add_argument("--fresh", action="store_true", help="each run in a process of its own (a scheduled availableNow job's cost)")
+    sa.add_argument("--long", action="store_true", help="also 200 x 10K and 20 x 1M rows with the defaults: write amplification")
     sa.add_argument("--out", help="where STREAM-APPEND.md and stream_append.json go (default ./benchmark-results/; benchmarks/results holds the committed ones)")
     sa.set_defaults(func=_stream_append)
     lst = sub.add_parser("list", help="list the scenarios")

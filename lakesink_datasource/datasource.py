@@ -29,7 +29,7 @@ from lakesink_datasource.catalog import loader
 from lakesink_datasource.commit.committer import abort_write, commit_write
 from lakesink_datasource.errors import without_traceback
 from lakesink_datasource.key_routing import RESULT_COLUMN, routed_stream
-from lakesink_datasource.maintenance.after_batch import maintain_after_commit
+from lakesink_datasource.maintenance.after_batch import land_compaction, maintain_after_commit
 from lakesink_datasource.maintenance.background import report_background, table_turn
 from lakesink_datasource.maintenance.compaction import CompactionResult
 from lakesink_datasource.maintenance.tombstone_storing import store_tombstones_before_commit, store_tombstones_safely
@@ -125,14 +125,23 @@ class LakeSinkDataSource(DataSource):
 
 def _timed_plan(options: WriteOptions, schema: StructType, overwrite: bool) -> WritePlan:
     # Spark plans every micro-batch anew: where the batch's time starts, for the progress line.
-    planned_at, started = time.time(), time.perf_counter()
+    planned_at, started, cpu = time.time(), time.perf_counter(), time.process_time()
     plan = plan_write(options, schema, overwrite)
-    return msgspec.structs.replace(plan, planned_at=planned_at, plan_seconds=time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    _driver_event("plan", None, seconds, time.process_time() - cpu)
+    return msgspec.structs.replace(plan, planned_at=planned_at, plan_seconds=seconds)
+
+
+def _driver_event(step: str, batch_id: int | None, seconds: float, cpu_seconds: float) -> None:
+    # The driver's share of a batch, for a log handler that collects it (the benchmarks do:
+    # with compaction in the tasks it should stay small and flat whatever the ingest rate).
+    log.info("lakesink: driver %s of batch %s: %.3f s, %.3f s CPU", step, batch_id, seconds, cpu_seconds,
+             extra={"lakesink_event": {"event": f"driver_{step}", "batch": batch_id, "seconds": seconds, "cpu_seconds": cpu_seconds}})
 
 
 def _commit(plan: WritePlan, messages: list[WriterCommitMessage | None], batch_id: int | None) -> None:
     """One batch's commit in the driver: its snapshot, then what follows from it."""
-    commit_started = time.time()
+    commit_started, cpu = time.time(), time.process_time()
     results = decode_messages(messages)
     sequenced = plan.keyed is not None and plan.keyed.sequence_source is not None
     compaction = None
@@ -143,6 +152,8 @@ def _commit(plan: WritePlan, messages: list[WriterCommitMessage | None], batch_i
             # Deletes of a batch whose storing did not happen are stored before this commit
             # may expire the snapshot that names them: if they cannot be, the batch does not commit.
             store_tombstones_before_commit(loader.load(plan.catalog), plan.identifier, loader.describe(plan.catalog))
+        # The compaction the tasks carried lands first, on the state it read (carried.py says why).
+        compaction = land_compaction(plan, results, batch_id)
         outcome = commit_write(plan, results, batch_id=batch_id)
         commit_ended = time.time()
         if outcome.snapshot_id is not None:
@@ -159,11 +170,11 @@ def _commit(plan: WritePlan, messages: list[WriterCommitMessage | None], batch_i
                 if plan.options.maintenance == "background" and batch_id is not None:
                     in_background(lambda: report_background(plan.options.table, batch_id, maintain(), plan.options.progress))
                 else:
-                    compaction = maintain()
+                    compaction = maintain() or compaction
+    ended = time.time()
+    _driver_event("commit", batch_id, ended - commit_started, time.process_time() - cpu)
     if plan.options.progress:
-        timing = BatchTiming.of(
-            plan, results, commit_started=commit_started, commit_ended=commit_ended, ended=time.time()
-        )
+        timing = BatchTiming.of(plan, results, commit_started=commit_started, commit_ended=commit_ended, ended=ended)
         report_batch(plan.options.table, batch_id, outcome, compaction, timing)
 
 

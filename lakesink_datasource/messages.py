@@ -61,6 +61,25 @@ class TaskStats(msgspec.Struct, array_like=True, frozen=True):
     input_wait_seconds: float = 0.0  # of task_seconds: waiting for Spark to hand over the next rows
 
 
+class ReadFile(msgspec.Struct, array_like=True, frozen=True):
+    """A data file a compaction read, with the DV (Puffin path and offset; a v2 position-delete
+    file: offset None) it had then, None for none: it may be replaced only while it has that."""
+
+    path: str
+    deletion_vector: tuple[str, int | None] | None
+
+
+class CompactionMessage(msgspec.Struct, array_like=True, frozen=True):
+    """A compaction group a write task rewrote beside its rows (compaction/carried.py)."""
+
+    group: int
+    rewritten: list[ReadFile]  # replaced by `files`
+    dropped: list[ReadFile]  # every row deleted: removed, nothing written for them
+    files: list[DataFileMessage]
+    bytes_read: int
+    seconds: float
+
+
 class TaskResult(msgspec.Struct, frozen=True):
     """Everything one task attempt contributes to a batch."""
 
@@ -99,6 +118,8 @@ class TaskResult(msgspec.Struct, frozen=True):
     # planning took: the commit runs on a plan of its own, so a batch's start travels here.
     planned_at: float = 0.0
     plan_seconds: float = 0.0
+    # The compaction group this task rewrote after its rows (maintenance=auto), if any.
+    compaction: CompactionMessage | None = None
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -41,6 +41,7 @@ from lakesink_datasource.catalog import loader
 from lakesink_datasource.check import check_table
 from lakesink_datasource.commit.committer import CommitOutcome, commit_write
 from lakesink_datasource.index import environment
+from lakesink_datasource.maintenance.after_batch import land_compaction
 from lakesink_datasource.maintenance.tombstone_storing import store_tombstones_safely
 from lakesink_datasource.messages import LakeSinkCommitMessage, TaskResult, decode_messages
 from lakesink_datasource.options import parse_options
@@ -315,11 +316,14 @@ class Harness:
         return write_task(plan, iter(batches), who=who)
 
     def commit(self, plan: WritePlan, messages: list, batch_id: int) -> CommitOutcome:
-        """As the Spark commit does it: the batch's snapshot, with its deletes stored in the
-        companion table before and after (sequenced writes); no other maintenance."""
+        """As the Spark commit does it: the compaction its tasks carried, then the batch's
+        snapshot, with its deletes stored in the companion table before and after (sequenced
+        writes); no maintenance after it."""
         sequenced = plan.keyed is not None and plan.keyed.sequence_source is not None
         if sequenced:
             store_tombstones_safely(loader.load(plan.catalog), plan.identifier)
+        # The compaction the tasks carried (maintenance=auto) lands first, as in the sink's commit.
+        land_compaction(plan, decode_messages(messages), batch_id)
         outcome = commit_write(plan, decode_messages(messages), batch_id)
         if sequenced and outcome.snapshot_id is not None:
             store_tombstones_safely(loader.load(plan.catalog), plan.identifier)

@@ -47,6 +47,7 @@ from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg import outage
 from lakesink_datasource.iceberg import summary_keys as keys
 from lakesink_datasource.iceberg.expiry import snapshots_to_expire
+from lakesink_datasource.iceberg.live_files import live_data_files
 from lakesink_datasource.iceberg.partition_key import decode_partition
 from lakesink_datasource.iceberg.properties import TOMBSTONE_MAX_SEQUENCE, TableSettings
 from lakesink_datasource.messages import TaskResult, TaskStats
@@ -579,6 +580,13 @@ def abort_write(plan: WritePlan, results: list[TaskResult], batch_id: int | None
     ):
         log.warning("lakesink: abort of batch %s ignored: it is already committed", batch_id)
         return []
+    compacted = [m.path for r in results if r.compaction is not None for m in r.compaction.files]
+    if compacted:
+        # A compaction the tasks carried lands before the batch's snapshot: it may have
+        # landed although the batch did not; its files stay if the table has them.
+        snapshot = table.metadata.current_snapshot()
+        live = {e.data_file.file_path for e in live_data_files(table.io, snapshot)} if snapshot is not None else set()
+        files += [path for path in compacted if path not in live]
     deleted = []
     for path in files:
         try:

@@ -116,6 +116,22 @@ def validate_rewritten_files_unchanged(
             raise ConflictError(ConflictKind.REWRITE_INPUT_NEW_DELETES, f"data file {path} got new deletes concurrently; its rewrite is out of date")
 
 
+def validate_no_new_equality_deletes(base: TableMetadata, since: int | None) -> None:
+    """No snapshot after `since` (the state a compaction read) added equality deletes.
+
+    A compaction's new files get the sequence number of its own snapshot, so an equality
+    delete committed between the read and the commit would no longer apply to the rows it
+    meant to delete (Java keeps the starting sequence number for these; lakesink refuses)."""
+    snapshots, _found = snapshots_after(base, since)
+    for snapshot in snapshots:
+        added = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+        if int(added.get("added-equality-delete-files", 0) or 0) > 0:
+            raise ConflictError(
+                ConflictKind.REWRITE_INPUT_NEW_DELETES,
+                f"snapshot {snapshot.snapshot_id} added equality deletes after the rewrite read its files; its rewrite is out of date",
+            )
+
+
 def _removed_by(
     io: FileIO, base: TableMetadata, paths: set[str], since: int | None
 ) -> tuple[int, str] | None:

@@ -173,6 +173,33 @@ def rewrite_files(
     return [_without_fields(m, lineage_ids) for m in messages], delete
 
 
+def rewrite_by_shard(
+    io: FileIO, metadata: TableMetadata, chosen: list[RewriteInput], *, target_file_size: int,
+    on_file: Callable[[RewriteInput], None] | None,
+) -> tuple[list[DataFileMessage], Callable[[], list[str]]]:
+    """`rewrite_files` once per key shard among the inputs (untagged files together)."""
+    by_shard: dict[str | None, list[RewriteInput]] = {}
+    for item in chosen:
+        shard = file_route(item.entry.data_file.file_path)
+        by_shard.setdefault(shard.file_tag() if shard else None, []).append(item)
+    messages: list[DataFileMessage] = []
+    deleters: list[Callable[[], list[str]]] = []
+    try:
+        for items in by_shard.values():
+            written, delete = rewrite_files(io, metadata, items, target_file_size=target_file_size, on_file=on_file)
+            messages += written
+            deleters.append(delete)
+    except BaseException:
+        for delete in deleters:
+            delete()
+        raise
+
+    def delete_all() -> list[str]:
+        return [path for delete in deleters for path in delete()]
+
+    return messages, delete_all
+
+
 def _read_ahead(inputs: Iterable[RewriteInput], read: Callable[[RewriteInput], pa.Table]) -> Iterator[tuple[RewriteInput, pa.Table]]:
     """Each input with its rows, the next one read while the caller encodes this one: reading
     (I/O, decompression, decoding) and encoding each took about half of a compaction, one

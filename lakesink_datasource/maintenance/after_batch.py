@@ -12,35 +12,52 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 
 from pyiceberg.table import Table
 
 from lakesink_datasource.catalog import loader, sql_commit
+from lakesink_datasource.compaction.budget import compaction_budget, compaction_min_files
 from lakesink_datasource.iceberg.properties import TableSettings
-from lakesink_datasource.maintenance.compaction import CompactionResult, compact
-from lakesink_datasource.maintenance.compaction_plan import MIN_INPUT_FILES
+from lakesink_datasource.maintenance.compaction import CompactionResult, compact, land_carried
 from lakesink_datasource.maintenance.orphans import remove_orphans
+from lakesink_datasource.messages import TaskResult
 from lakesink_datasource.table.plan import WritePlan
 
 log = logging.getLogger("lakesink")
-
-# Per batch, compaction may rewrite this many times the bytes the batch wrote (at least the
-# table's compaction-min-bytes-per-batch): a byte of a stream is rewritten about once per size
-# class (~7 classes up to 512 MiB files), so this keeps up while bounding the batch's latency.
-BUDGET_FACTOR = 8
 
 _orphan_scans: dict[str, float] = {}  # table uuid -> monotonic time of this process's last scan
 _orphan_lock = threading.Lock()
 
 
-def compaction_budget(settings: TableSettings, batch_bytes: int) -> int:
-    return max(settings.compaction_min_budget_bytes, BUDGET_FACTOR * batch_bytes)
+def carried_by_tasks(plan: WritePlan) -> bool:
+    """Whether a write's compaction is carried by its tasks (table/setup.py plans it with the
+    write; compaction/carried.py) rather than run here after its commit: `auto` on main,
+    unless the write is routed (its tasks plan for themselves), an overwrite or evolves the
+    table. Decided from the plan's kind, not its `compaction` field: a stream's commit may
+    run on another planning call's plan than its tasks did."""
+    return (
+        plan.options.maintenance == "auto" and plan.options.branch is None and not plan.overwrite
+        and not (plan.keyed is not None and plan.keyed.routed)
+        and plan.write_schema_json is None and plan.write_spec_id is None
+    )
 
 
-def compaction_min_files(settings: TableSettings, batch_files: int) -> int:
-    """Files worth merging that make a compaction run: `compaction-batches-per-run` batches'
-    worth of the files a batch adds, at least what one merge needs."""
-    return max(MIN_INPUT_FILES, settings.compaction_batches_per_run * batch_files)
+def land_compaction(plan: WritePlan, results: Sequence[TaskResult], batch_id: int | None) -> CompactionResult | None:
+    """Land what the write's tasks compacted (before the batch's own snapshot). Never fails
+    the batch: on any error the new files are left to orphan removal and the groups are
+    planned again with a later write."""
+    if not any(r.compaction is not None for r in results):
+        return None
+    try:
+        table = sql_commit.load_table(loader.load(plan.catalog), plan.identifier)
+        result = land_carried(table, results, batch_id)
+    except Exception:
+        log.warning("lakesink: landing the compaction batch %s carried failed; the batch goes on", batch_id, exc_info=True)
+        return None
+    if result is not None and result.snapshot_id is None:
+        log.info("lakesink: the compaction batch %s carried was not committed: %s", batch_id, result.describe())
+    return result
 
 
 def maintain_after_commit(
@@ -53,6 +70,9 @@ def maintain_after_commit(
     try:
         table = table or sql_commit.load_table(loader.load(plan.catalog), plan.identifier)
         settings = TableSettings.of_table(table.metadata)
+        if carried_by_tasks(plan):
+            _maybe_remove_orphans(table, settings)
+            return None
         result = compact(
             table, budget_bytes=compaction_budget(settings, batch_bytes), batch_id=batch_id,
             min_files=compaction_min_files(settings, batch_files),

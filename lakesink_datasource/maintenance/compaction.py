@@ -16,31 +16,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.io import FileIO
-from pyiceberg.manifest import ManifestEntry
-from pyiceberg.schema import index_by_id
 from pyiceberg.table import Table
-from pyiceberg.table.metadata import TableMetadata
 
 from lakesink_datasource.commit.cleanup import delete_files, dropped_metadata_files
 from lakesink_datasource.commit.data_files import data_file
 from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
 from lakesink_datasource.commit.swap import PreparedCommit, swap_in
-from lakesink_datasource.commit.validation import ConflictError
+from lakesink_datasource.commit.validation import ConflictError, validate_no_new_equality_deletes
+from lakesink_datasource.compaction.carried import read_file
+from lakesink_datasource.compaction.choice import plan_for
+from lakesink_datasource.compaction.rewrite import rewrite_by_shard
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg import summary_keys as keys
-from lakesink_datasource.iceberg.live_files import live_data_files, live_position_deletes
-from lakesink_datasource.iceberg.manifests import content_offset
-from lakesink_datasource.iceberg.partition_key import encode_partition
 from lakesink_datasource.iceberg.properties import TableSettings
-from lakesink_datasource.index.key_route import file_route
-from lakesink_datasource.maintenance.compaction_plan import CompactionPlan, FileStats, plan_compaction
-from lakesink_datasource.maintenance.rewrite import RewriteInput, rewrite_files
-from lakesink_datasource.messages import DataFileMessage
+from lakesink_datasource.messages import DataFileMessage, ReadFile, TaskResult
 from lakesink_datasource.version import __version__
 
 log = logging.getLogger("lakesink")
@@ -70,71 +63,6 @@ class CompactionResult:
             f"({self.bytes_written:,} bytes), dropped {self.files_dropped} fully deleted file(s), removed {self.dvs_removed} DV(s)"
         )
         return what if self.skipped_reason is None else f"{what}: not committed ({self.skipped_reason})"
-
-
-def _rewrite_by_shard(
-    io: FileIO, metadata: TableMetadata, chosen: list[RewriteInput], *, target_file_size: int,
-    on_file: Callable[[RewriteInput], None] | None,
-) -> tuple[list[DataFileMessage], Callable[[], list[str]]]:
-    """`rewrite_files` once per key shard among the inputs (untagged files together)."""
-    by_shard: dict[str | None, list[RewriteInput]] = {}
-    for item in chosen:
-        shard = file_route(item.entry.data_file.file_path)
-        by_shard.setdefault(shard.file_tag() if shard else None, []).append(item)
-    messages: list[DataFileMessage] = []
-    deleters: list[Callable[[], list[str]]] = []
-    try:
-        for items in by_shard.values():
-            written, delete = rewrite_files(io, metadata, items, target_file_size=target_file_size, on_file=on_file)
-            messages += written
-            deleters.append(delete)
-    except BaseException:
-        for delete in deleters:
-            delete()
-        raise
-
-    def delete_all() -> list[str]:
-        return [path for delete in deleters for path in delete()]
-
-    return messages, delete_all
-
-
-def plan_for(
-    table: Table, budget_bytes: int, target_file_size: int | None = None, *, tiered: bool = True, min_files: int = 0
-) -> tuple[CompactionPlan, dict[str, RewriteInput]]:
-    """The compaction worth doing on the table's current state, within `budget_bytes`."""
-    metadata = table.metadata
-    snapshot = metadata.current_snapshot()
-    specs = metadata.specs()
-    schema = metadata.schema()
-    settings = TableSettings.of_table(metadata)
-    dvs = live_position_deletes(table.io, snapshot)
-    column_ids = set(index_by_id(schema))
-    readable_specs = {i for i, spec in specs.items() if all(f.source_id in column_ids for f in spec.fields)}
-    inputs: dict[str, RewriteInput] = {}
-    stats: list[FileStats] = []
-    for entry in live_data_files(table.io, snapshot):
-        f = entry.data_file
-        if f.spec_id not in readable_specs:
-            continue  # an earlier spec on a column since dropped: its partition values cannot be re-read
-        dv = dvs.get(f.file_path)
-        inputs[f.file_path] = RewriteInput(entry, dv)
-        # Files of an earlier spec merge with the files of their own old partition; what
-        # they are rewritten into is laid out by the current spec (rewrite_files).
-        # Files of one key shard (cluster_by_key's) merge only among themselves, so what a
-        # shard's index reads stays that shard's (key_route.py).
-        shard = file_route(f.file_path)
-        key = (f.spec_id, encode_partition(specs[f.spec_id], schema, f.partition), shard.file_tag() if shard else None)
-        stats.append(FileStats(
-            f.file_path, key, f.file_size_in_bytes, f.record_count, dv.data_file.record_count if dv else 0,
-            earlier_spec=f.spec_id != metadata.default_spec_id,
-        ))
-    plan = plan_compaction(stats, target_file_size or settings.target_file_size_bytes, budget_bytes, tiered=tiered, min_files=min_files)
-    return plan, inputs
-
-
-def _dv_identity(dv: ManifestEntry | None) -> tuple[str, int | None] | None:
-    return None if dv is None else (dv.data_file.file_path, content_offset(dv.data_file))
 
 
 def compact(
@@ -172,19 +100,59 @@ def compact(
         return result(None, 0, 0, "dry run")
     metadata = table.metadata
     settings = TableSettings.of_table(metadata)
-    messages, delete_outputs = _rewrite_by_shard(
+    messages, delete_outputs = rewrite_by_shard(
         table.io, metadata, chosen, target_file_size=target_file_size or settings.target_file_size_bytes,
         on_file=(lambda i: progress(i.entry.data_file.file_size_in_bytes)) if progress else None,
     )
-    written = sum(m.file_size_in_bytes for m in messages)
+    read = [read_file(i) for i in every]
+    snapshot = metadata.current_snapshot()
+    landed, reason = _land(table, read, messages, delete_outputs, batch_id, read_at=snapshot.snapshot_id if snapshot else None)
+    return result(landed, len(messages) if landed else 0, sum(m.file_size_in_bytes for m in messages) if landed else 0, reason)
+
+
+def land_carried(table: Table, results: Sequence[TaskResult], batch_id: int | None) -> CompactionResult | None:
+    """The groups a write's tasks rewrote (compaction/carried.py) as one `replace` snapshot on
+    `table` as it is now, or nothing if another commit changed their files since the write
+    was planned (their new files are then deleted). None: the tasks rewrote nothing."""
+    done = [r.compaction for r in results if r.compaction is not None and not r.skipped]
+    if not done:
+        return None
+    started = time.perf_counter()
+    rewritten = [f for m in done for f in m.rewritten]
+    dropped = [f for m in done for f in m.dropped]
+    messages = [f for m in done for f in m.files]
+
+    def delete_outputs() -> int:
+        return delete_files(table.io, [m.path for m in messages])
+
+    planned = next((r.planned_snapshot_id for r in results if r.compaction is not None), None)
+    landed, reason = _land(table, rewritten + dropped, messages, delete_outputs, batch_id, read_at=planned)
+    return CompactionResult(
+        landed, len(rewritten), len(dropped), len(messages) if landed else 0,
+        sum(1 for f in rewritten + dropped if f.deletion_vector is not None), sum(m.bytes_read for m in done),
+        sum(m.file_size_in_bytes for m in messages) if landed else 0, time.perf_counter() - started + sum(m.seconds for m in done),
+        reason,
+    )
+
+
+def _land(
+    table: Table, read: list[ReadFile], messages: list[DataFileMessage], delete_outputs: Callable[[], object],
+    batch_id: int | None, *, read_at: int | None,
+) -> tuple[int | None, str | None]:
+    """Commit a rewrite as one `replace` snapshot on `table`'s state: the new snapshot's id,
+    or None and why not (its new files deleted then). `read_at`: the snapshot the rewrite
+    read its files at; each must still be live with the DV it had then."""
+    metadata = table.metadata
     producer: SnapshotProducer | None = None
     try:
         fault_point("compaction_files_written", batch_id)
-        snapshot = metadata.current_snapshot()
+        current = metadata.current_snapshot()
+        if current is not None and current.snapshot_id != read_at:
+            validate_no_new_equality_deletes(metadata, read_at)
         delta = RowDelta(
             added_data_files=[data_file(m, metadata) for m in messages],
-            rewritten={i.entry.data_file.file_path: _dv_identity(i.deletion_vector) for i in every},
-            planned_snapshot_id=snapshot.snapshot_id if snapshot else None,
+            rewritten={f.path: f.deletion_vector for f in read},
+            planned_snapshot_id=read_at,
         )
         producer = SnapshotProducer(table.io, metadata, delta)
         extra = {keys.ENGINE_NAME: "lakesink", keys.LAKESINK_VERSION: __version__, keys.COMPACTION: "true"}
@@ -194,7 +162,7 @@ def compact(
             producer.cleanup(committed_attempt=None)
         delete_outputs()
         if isinstance(exc, ConflictError):
-            return result(None, 0, 0, f"the table changed while compacting ({exc})")
+            return None, f"the table changed while compacting ({exc})"
         raise
     try:
         committed = swap_in(table, PreparedCommit(metadata, new_snapshot))
@@ -202,10 +170,10 @@ def compact(
         # The swap was refused: nothing references the new files.
         producer.cleanup(committed_attempt=None)
         delete_outputs()
-        return result(None, 0, 0, f"another commit landed first ({exc})")
+        return None, f"another commit landed first ({exc})"
     # Any other error leaves the commit's outcome unknown: the files stay (orphan-file
     # removal collects them if it did not land), the error goes up.
     producer.cleanup(committed_attempt=0)
     fault_point("after_compaction_commit", batch_id)
     delete_files(table.io, dropped_metadata_files(metadata, table.metadata_location, committed.metadata))
-    return result(new_snapshot.snapshot_id, len(messages), written, None)
+    return new_snapshot.snapshot_id, None

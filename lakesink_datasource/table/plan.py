@@ -13,6 +13,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table.metadata import TableMetadata
 
 from lakesink_datasource.catalog.loader import CatalogConfig
+from lakesink_datasource.compaction.carried import CarriedCompaction
 from lakesink_datasource.options import WriteOptions
 
 
@@ -50,6 +51,8 @@ class WritePlan(msgspec.Struct, frozen=True, kw_only=True):
     # When planning began (epoch seconds) and how long it took: where a batch's time starts.
     planned_at: float = 0.0
     plan_seconds: float = 0.0
+    # maintenance=auto: the compaction the write's tasks carry out beside their rows.
+    compaction: CarriedCompaction | None = None
 
 
 def write_schema(plan: WritePlan, metadata: TableMetadata) -> Schema:

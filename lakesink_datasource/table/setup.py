@@ -16,12 +16,15 @@ from pyiceberg.io import load_file_io
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Operation
 from pyiceberg.types import DoubleType, FloatType, PrimitiveType
 from pyspark.sql.types import StructType
 
 from lakesink_datasource.catalog import loader, sql_commit
 from lakesink_datasource.catalog.errors import CatalogError
 from lakesink_datasource.catalog.transient import retrying
+from lakesink_datasource.compaction.budget import compaction_budget, compaction_min_files
+from lakesink_datasource.compaction.carried import CarriedCompaction, plan_carried
 from lakesink_datasource.iceberg import outage
 from lakesink_datasource.iceberg.compat import v3_metadata_writes
 from lakesink_datasource.iceberg.history import branch_head
@@ -418,11 +421,41 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
         # parsed again against the schema as staged.
         staged_spec = stage_spec(table, parse_partition_spec(options.partition_by, staged.schema if staged else table.schema()))
         table, spec_id = staged_spec.table, staged_spec.spec.spec_id
-    return _pinned_plan(
+    plan = _pinned_plan(
         table, options, uuid.uuid4().hex, overwrite=overwrite, sources=sources, keyed=keyed,
         write_schema_json=staged.schema.model_dump_json() if staged is not None else None,
         evolved_from_schema_id=staged.evolved_from if staged is not None else None,
         write_spec_id=spec_id,
+    )
+    if created or routed or overwrite or staged is not None or spec_id is not None:
+        # A new table has nothing to merge; a routed stream's tasks plan for themselves; an
+        # overwrite or an evolving write changes what a compaction would read.
+        return plan
+    return msgspec.structs.replace(plan, compaction=_carried_compaction(options, table))
+
+
+def _carried_compaction(options: WriteOptions, table: Table) -> CarriedCompaction | None:
+    """maintenance=auto on main: what the write's tasks compact beside their rows, sized by
+    what the table's last snapshot added (a stream's batches are alike)."""
+    if options.maintenance != "auto" or options.branch is not None:
+        return None
+    metadata = table.metadata
+    snapshot = metadata.current_snapshot()
+    if snapshot is None:
+        return None
+    # The last write's own snapshot: a compaction's says nothing of a batch's size.
+    for _ in range(8):
+        if snapshot.summary is None or snapshot.summary.operation != Operation.REPLACE or snapshot.parent_snapshot_id is None:
+            break
+        parent = metadata.snapshot_by_id(snapshot.parent_snapshot_id)
+        if parent is None:
+            break
+        snapshot = parent
+    added = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+    settings = TableSettings.of_table(metadata)
+    return plan_carried(
+        table, budget_bytes=compaction_budget(settings, int(added.get("added-files-size", 0))),
+        min_files=compaction_min_files(settings, int(added.get("added-data-files", 0))),
     )
 
 

@@ -15,10 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import BUFFER_SIZE
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
+from pyiceberg.table.metadata import TableMetadata
 
+from lakesink_datasource.compaction.carried import rewrite_carried
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg import outage
@@ -31,7 +34,7 @@ from lakesink_datasource.index.key_route import KeyRoute
 from lakesink_datasource.index.owner import owner_digest
 from lakesink_datasource.io.partitioning import PartitionSplitter
 from lakesink_datasource.io.rolling_writer import STREAM_BUFFER_BYTES, PartitionedParquetWriter
-from lakesink_datasource.messages import LakeSinkCommitMessage, TaskResult, TaskStats
+from lakesink_datasource.messages import CompactionMessage, LakeSinkCommitMessage, TaskResult, TaskStats
 from lakesink_datasource.schema.arrow_align import BatchAligner, table_arrow_schema
 from lakesink_datasource.table import idempotency, metadata_cache
 from lakesink_datasource.table.plan import WritePlan, write_schema, write_spec
@@ -276,6 +279,7 @@ def write_task(
         # Spark reuses this worker process: give the allocator's cached pages back to the OS
         # instead of carrying this task's peak into the next one.
         pa.default_memory_pool().release_unused()
+    compaction = _carried_compaction(plan, io, metadata, who)
     # The index's share: bringing it forward, then resolving keys (inside write_seconds).
     sync_seconds = task_index.seconds if task_index is not None else 0.0
     lookup_seconds = keyed.lookup_seconds if keyed is not None else 0.0
@@ -292,7 +296,7 @@ def write_task(
         input_wait_seconds=timed.waited,
     )
     if keyed is None or task_index is None:
-        return result(data_files=files, stats=stats)
+        return result(data_files=files, stats=stats, compaction=compaction)
     # Named with the host's digest: a host catching up a batch made on several hosts skips
     # its own reports (its index has its own part already).
     report = f"{data_dir}/{TOMBSTONE_DIR}/{plan.write_id}-{owner_digest(keyed.host)}-{who.partition_id:05d}-{who.attempt}"
@@ -301,5 +305,27 @@ def write_task(
     return result(
         data_files=files, stats=stats, position_deletes=keyed.position_deletes(), host=keyed.host,
         key_hashes=keyed.key_hashes(), tombstones=tombstones, deleted_keys=deleted, tombstone_max_sequence=keyed.tombstone_max,
-        index_healed=task_index.healed, index_sync=task_index.report.describe(),
+        index_healed=task_index.healed, index_sync=task_index.report.describe(), compaction=compaction,
     )
+
+
+def _carried_compaction(plan: WritePlan, io: FileIO, metadata: TableMetadata, who: TaskIdentity) -> CompactionMessage | None:
+    """This task's group of the compaction the write carries (maintenance=auto), rewritten
+    after its rows. Never fails the task: the batch's rows matter, the group waits for a
+    later write."""
+    if plan.compaction is None:
+        return None
+    try:
+        done = rewrite_carried(plan.compaction, io, metadata, who.partition_id)
+        if done is None:
+            return None
+        message, delete = done
+        try:
+            fault_point("task_compaction_written", who.batch_id)
+        except BaseException:
+            delete()
+            raise
+        return message
+    except Exception:
+        log.warning("lakesink: the compaction this task carried failed; its files are planned again with a later write", exc_info=True)
+        return None

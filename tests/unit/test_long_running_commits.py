@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -44,7 +45,8 @@ def _write(
     warehouse: str, ids: Iterable[int], *, tag: str = "", query: str | None = None, batch: int | None = None, **options: str
 ) -> CommitOutcome:
     raw = {"table": IDENT, "warehouse": warehouse, **options}
-    plan = plan_write(parse_options(raw), SCHEMA, overwrite=False)
+    # Commits alone, no maintenance: no compaction carried by the task either.
+    plan = msgspec.structs.replace(plan_write(parse_options(raw), SCHEMA, overwrite=False), compaction=None)
     rows = _rows(ids, tag)
     message = write_task(plan, iter([pa.RecordBatch.from_pylist(rows, schema=ARROW)]), TaskIdentity(batch_id=batch, query_id=query))
     return commit_write(plan, decode_messages([message]), batch)

@@ -34,6 +34,7 @@ from lakesink_datasource.check import check_table
 from lakesink_datasource.commit.committer import CommitOutcome, commit_write
 from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
 from lakesink_datasource.commit.swap import PreparedCommit, swap_in
+from lakesink_datasource.compaction.rewrite import COMPACTED_PREFIX
 from lakesink_datasource.iceberg.live_files import data_entries_changed_by, live_data_files, live_entries, live_position_deletes
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
 from lakesink_datasource.iceberg.manifests import content_offset, deleted_data_file
@@ -43,10 +44,9 @@ from lakesink_datasource.index.for_write import index_location
 from lakesink_datasource.index.sharded_index import open_sharded
 from lakesink_datasource.maintain import main as maintain_main
 from lakesink_datasource.maintain import maintain_table
-from lakesink_datasource.maintenance.after_batch import maintain_after_commit
+from lakesink_datasource.maintenance.after_batch import land_compaction, maintain_after_commit
 from lakesink_datasource.maintenance.compaction import compact
 from lakesink_datasource.maintenance.orphans import remove_orphans
-from lakesink_datasource.maintenance.rewrite import COMPACTED_PREFIX
 from lakesink_datasource.messages import decode_messages
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.schema.arrow_align import table_arrow_schema
@@ -70,8 +70,12 @@ def _write(warehouse: str, ids: Iterable[int], *, tag: str = "", batch: int | No
            **options: str) -> CommitOutcome:
     raw = {"table": IDENT, "warehouse": warehouse, **options}
     plan = plan_write(parse_options(raw), SCHEMA, overwrite=False)
+    if not maintain:
+        plan = msgspec.structs.replace(plan, compaction=None)  # no compaction carried by the task either
     message = write_task(plan, iter([pa.RecordBatch.from_pylist(_rows(ids, tag), schema=ARROW)]),
                          TaskIdentity(batch_id=batch, query_id="q" if batch is not None else None))
+    if maintain:
+        land_compaction(plan, decode_messages([message]), batch)  # as a Spark commit: the tasks' compaction first
     outcome = commit_write(plan, decode_messages([message]), batch)
     if maintain and outcome.snapshot_id is not None:
         maintain_after_commit(plan, outcome.stats.bytes_written, batch, batch_files=outcome.data_files)  # what a Spark commit runs next

@@ -16,9 +16,9 @@ from pyspark.sql import types as T
 
 from lakesink_datasource.check import check_table
 from lakesink_datasource.commit.committer import commit_write
+from lakesink_datasource.compaction.plan import FileStats, plan_compaction
 from lakesink_datasource.iceberg.live_files import live_data_files, live_position_deletes
 from lakesink_datasource.maintenance.compaction import compact
-from lakesink_datasource.maintenance.compaction_plan import FileStats, plan_compaction
 from lakesink_datasource.messages import decode_messages
 from lakesink_datasource.options import OptionError, parse_options
 from lakesink_datasource.table.plan import WritePlan
