@@ -19,16 +19,12 @@ class UnsupportedSparkError(LakesinkError, ImportError):
 
 
 def pyspark_version() -> str:
-    """The installed PySpark's version (from its package metadata, else from the module, as
-    on workers that take PySpark from SPARK_HOME's zip without metadata)."""
-    from importlib.metadata import PackageNotFoundError, version
+    """The installed PySpark's version, from the module (as on workers that take PySpark from
+    SPARK_HOME's zip, without package metadata). Not from importlib.metadata: that scans
+    every installed distribution, a few hundred milliseconds on every Python worker's start."""
+    from pyspark.version import __version__
 
-    try:
-        return version("pyspark")
-    except PackageNotFoundError:
-        from pyspark.version import __version__
-
-        return __version__
+    return str(__version__)
 
 
 def check_pyspark(found: str | None = None) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from lakesink_datasource.compaction.plan import MIN_INPUT_FILES
 from lakesink_datasource.iceberg.properties import TableSettings
 
 # Per batch, compaction may rewrite this many times the bytes the batch wrote (at least the
@@ -18,4 +17,4 @@ def compaction_budget(settings: TableSettings, batch_bytes: int) -> int:
 def compaction_min_files(settings: TableSettings, batch_files: int) -> int:
     """Files worth merging that make a compaction run: `compaction-batches-per-run` batches'
     worth of the files a batch adds, at least what one merge needs."""
-    return max(MIN_INPUT_FILES, settings.compaction_batches_per_run * batch_files)
+    return max(settings.compaction_fan_in, settings.compaction_batches_per_run * batch_files)

@@ -44,5 +44,8 @@ def plan_for(
             f.file_path, key, f.file_size_in_bytes, f.record_count, dv.data_file.record_count if dv else 0,
             earlier_spec=f.spec_id != metadata.default_spec_id,
         ))
-    plan = plan_compaction(stats, target_file_size or settings.target_file_size_bytes, budget_bytes, tiered=tiered, min_files=min_files)
+    plan = plan_compaction(
+        stats, target_file_size or settings.target_file_size_bytes, budget_bytes, tiered=tiered, min_files=min_files,
+        fan_in=settings.compaction_fan_in,
+    )
     return plan, inputs

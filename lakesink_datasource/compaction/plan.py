@@ -2,11 +2,12 @@
 
 A stream adds a few small files per partition and batch. Merging every small file of a
 partition each time would rewrite the same bytes again and again; merging nothing lets
-file counts (and read cost) grow without bound. Tiers sit in between, as in an LSM tree:
-a file's class is log4 of its live bytes (from 64 KiB up), and a partition merges the files
-of a class once it holds `MIN_INPUT_FILES` of them, so a byte is rewritten about once per
-class (log4(target / 64 KiB), ~7 for 512 MiB files) and a partition keeps at most about
-3 files per class. Files whose rows are mostly deleted are rewritten even alone (their
+file counts (and read cost) grow without bound. Tiers sit in between, as in an LSM tree,
+with a fan-in F (table property `lakesink.maintenance.compaction-fan-in`, default 4): a
+file's class is log_F of its live bytes (from 64 KiB up), and a partition merges the files
+of a class once it holds F of them, so a byte is rewritten about once per class it climbs
+(log_F of how much it grows) and a partition keeps at most about F - 1 files per class. A
+larger F rewrites less and leaves more files. Files whose rows are mostly deleted are rewritten even alone (their
 DVs go with them), and so are small files of an earlier partition spec (into the current
 one, so a stream's files converge on the evolved layout; large ones are left as they are,
 readable under their own spec). Fully deleted files are simply dropped.
@@ -28,8 +29,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 MIN_CLASS_BYTES = 64 * 1024
-CLASS_FACTOR = 4
-MIN_INPUT_FILES = 4  # files of one class that make a merge worth its cost
+FAN_IN = 4  # files of one class that make a merge; the ratio between classes
 DELETED_FRACTION_TO_REWRITE = 0.5  # a file this much deleted is rewritten even alone
 SMALL_FRACTION = 0.75  # a file below this fraction of the target size counts as small
 
@@ -84,18 +84,19 @@ class CompactionPlan:
         return not self.groups and not self.dropped
 
 
-def size_class(live_bytes: int) -> int:
-    return max(0, int(math.log(max(live_bytes, 1) / MIN_CLASS_BYTES, CLASS_FACTOR)) + 1) if live_bytes >= MIN_CLASS_BYTES else 0
+def size_class(live_bytes: int, fan_in: int = FAN_IN) -> int:
+    return max(0, int(math.log(max(live_bytes, 1) / MIN_CLASS_BYTES, fan_in)) + 1) if live_bytes >= MIN_CLASS_BYTES else 0
 
 
 def plan_compaction(
-    files: Iterable[FileStats], target_file_size: int, budget_bytes: int, *, tiered: bool = True, min_files: int = 0
+    files: Iterable[FileStats], target_file_size: int, budget_bytes: int, *, tiered: bool = True, min_files: int = 0,
+    fan_in: int = FAN_IN,
 ) -> CompactionPlan:
     """Groups to rewrite (each into one file of at most about `target_file_size`), within
     `budget_bytes` of input, and the files to drop outright; nothing while that is fewer than
     `min_files` files. `tiered=False` (an operator's full compaction) merges every
     partition's small files whenever it has two or more."""
-    min_group_files = MIN_INPUT_FILES if tiered else 2
+    min_group_files = fan_in if tiered else 2
     dropped: list[FileStats] = []
     by_class: dict[tuple[int, Hashable], list[FileStats]] = defaultdict(list)
     for f in files:
@@ -103,7 +104,7 @@ def plan_compaction(
             dropped.append(f)
             continue
         if f.size < target_file_size * SMALL_FRACTION or f.deleted_fraction >= DELETED_FRACTION_TO_REWRITE:
-            by_class[(size_class(f.live_bytes) if tiered else 0, f.partition)].append(f)
+            by_class[(size_class(f.live_bytes, fan_in) if tiered else 0, f.partition)].append(f)
 
     candidates: list[tuple[int, RewriteGroup]] = []
     for (cls, partition), members in by_class.items():

@@ -12,7 +12,6 @@ compressed payload.
 from __future__ import annotations
 
 import struct
-from importlib import metadata as _importlib_metadata
 from typing import Final
 
 import msgspec
@@ -20,6 +19,7 @@ from pyroaring import BitMap64
 
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.deletion_vector import InvalidDeletionVector, decode_dv, encode_dv
+from lakesink_datasource.version import __version__
 
 __all__ = [
     "DEFAULT_CREATED_BY",
@@ -58,14 +58,9 @@ _MIN_FILE_SIZE: Final[int] = _MAGIC_SIZE + _MAGIC_SIZE + _TRAILER_SIZE
 _I32_LE = struct.Struct("<i")
 
 
-def _lakesink_version() -> str:
-    try:
-        return _importlib_metadata.version("lakesink-datasource")
-    except _importlib_metadata.PackageNotFoundError:
-        return "unknown"
-
-
-DEFAULT_CREATED_BY: Final[str] = f"lakesink {_lakesink_version()}"
+# Not read from the package metadata: importlib.metadata scans every installed distribution,
+# a few hundred milliseconds at each Python worker's import.
+DEFAULT_CREATED_BY: Final[str] = f"lakesink {__version__}"
 
 
 class InvalidPuffinFile(LakesinkError, ValueError):
