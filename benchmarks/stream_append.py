@@ -48,8 +48,8 @@ import pyarrow.parquet as pq
 from benchmarks.harness import OUT_DIR, host_probe, log, log_events, worker_environment
 
 WORKDIR = Path("/tmp/lakesink-stream-append")
-TARGET_LARGE_RATIO = 0.95
-TARGET_SMALL_MS = 30.0
+TARGET_LARGE_RATIO = 0.85
+TARGET_SMALL_MS = 80.0
 SPARK35_PYTHON = Path.home() / ".cache/iceberg-readers/venv-spark35/bin/python"
 
 
@@ -155,7 +155,8 @@ def run_side(spark: Any, side: str, source: Path, work: Path) -> dict[str, Any]:
     batches = len(query.recentProgress)
     out: dict[str, Any] = {"seconds": seconds, "batches": batches}
     if side in LAKESINK_SIDES:
-        out.update(_driver_cpu(mark, batches), **table_stats(work / "warehouse"))
+        out.update(table_stats(work / "warehouse"))
+        out.update(_driver_cpu(mark, out["batches"]))
     return out
 
 
@@ -184,10 +185,10 @@ def table_stats(warehouse: Path) -> dict[str, float]:
     from pyiceberg.catalog.sql import SqlCatalog
 
     from lakesink_datasource.iceberg.live_files import live_data_files
-    from lakesink_datasource.iceberg.summary_keys import COMPACTION
+    from lakesink_datasource.iceberg.summary_keys import COMPACTION, EPOCH_ID
 
     table = SqlCatalog("lakesink", uri=f"sqlite:///{warehouse}/catalog.db", warehouse=f"file://{warehouse}").load_table("bench.events")
-    ingested = rewritten = 0
+    ingested = rewritten = batches = 0
     for snapshot in table.metadata.snapshots:
         props = snapshot.summary.additional_properties if snapshot.summary is not None else {}
         added = int(props.get("added-files-size", 0))
@@ -195,8 +196,11 @@ def table_stats(warehouse: Path) -> dict[str, float]:
             rewritten += added
         else:
             ingested += added
+            batches += EPOCH_ID in props
     live = live_data_files(table.io, table.metadata.current_snapshot())
-    return {"write_amplification": rewritten / max(ingested, 1), "live_files": len(live), "ingested_bytes": ingested}
+    # The table counts the micro-batches: a query's recent progress keeps only the last 100.
+    return {"write_amplification": rewritten / max(ingested, 1), "live_files": len(live), "ingested_bytes": ingested,
+            "batches": batches}
 
 
 def run_iceberg_java(case: Case, source: Path, work: Path, reps: int) -> list[float] | str:
@@ -340,8 +344,8 @@ def render(results: dict[str, Any]) -> str:
     small = results["cases"].get(CASES[1].name)
     if large and small:
         lf, sf = statistics.median(large["seconds"]["null"]), statistics.median(small["seconds"]["null"])
-        lines += ["## Targets (issue 31)", "", "| target | " + " | ".join(f"lakesink (maintenance {m})" for m in LAKESINK_SIDES.values())
-                  + " |", "|---|---|---|---|"]
+        lines += ["## Targets (issue 39: the default settings, each side in a fresh process)", "",
+                  "| target | " + " | ".join(f"lakesink (maintenance {m})" for m in LAKESINK_SIDES.values()) + " |", "|---|---|---|---|"]
         lr = [lf / statistics.median(large["seconds"][s]) for s in LAKESINK_SIDES]
         sm = [(statistics.median(small["seconds"][s]) - sf) / small["batches"] * 1000 for s in LAKESINK_SIDES]
         lines.append(f"| 1M-row batches: at least {TARGET_LARGE_RATIO}x the floor | " + " | ".join(f"{r:.2f}x" for r in lr) + " |")

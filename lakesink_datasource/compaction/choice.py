@@ -46,6 +46,6 @@ def plan_for(
         ))
     plan = plan_compaction(
         stats, target_file_size or settings.target_file_size_bytes, budget_bytes, tiered=tiered, min_files=min_files,
-        fan_in=settings.compaction_fan_in,
+        fan_in=settings.compaction_fan_in, large_file_bytes=settings.compaction_large_file_bytes,
     )
     return plan, inputs

@@ -3,11 +3,14 @@
 A stream adds a few small files per partition and batch. Merging every small file of a
 partition each time would rewrite the same bytes again and again; merging nothing lets
 file counts (and read cost) grow without bound. Tiers sit in between, as in an LSM tree,
-with a fan-in F (table property `lakesink.maintenance.compaction-fan-in`, default 4): a
+with a fan-in F (table property `lakesink.maintenance.compaction-fan-in`, default 8): a
 file's class is log_F of its live bytes (from 64 KiB up), and a partition merges the files
 of a class once it holds F of them, so a byte is rewritten about once per class it climbs
 (log_F of how much it grows) and a partition keeps at most about F - 1 files per class. A
-larger F rewrites less and leaves more files. Files whose rows are mostly deleted are rewritten even alone (their
+larger F rewrites less and leaves more files. Files of at least `large_file_bytes`
+(`lakesink.maintenance.compaction-large-file-bytes`, 8 MiB) stop climbing: a reader pays
+little per byte for them, and merging them again would rewrite a large stream's every byte
+a few more times (benchmarks/results/STREAM-APPEND.md); `maintain compact` merges them. Files whose rows are mostly deleted are rewritten even alone (their
 DVs go with them), and so are small files of an earlier partition spec (into the current
 one, so a stream's files converge on the evolved layout; large ones are left as they are,
 readable under their own spec). Fully deleted files are simply dropped.
@@ -29,7 +32,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 MIN_CLASS_BYTES = 64 * 1024
-FAN_IN = 4  # files of one class that make a merge; the ratio between classes
+FAN_IN = 8  # files of one class that make a merge; the ratio between classes
 DELETED_FRACTION_TO_REWRITE = 0.5  # a file this much deleted is rewritten even alone
 SMALL_FRACTION = 0.75  # a file below this fraction of the target size counts as small
 
@@ -90,7 +93,7 @@ def size_class(live_bytes: int, fan_in: int = FAN_IN) -> int:
 
 def plan_compaction(
     files: Iterable[FileStats], target_file_size: int, budget_bytes: int, *, tiered: bool = True, min_files: int = 0,
-    fan_in: int = FAN_IN,
+    fan_in: int = FAN_IN, large_file_bytes: int | None = None,
 ) -> CompactionPlan:
     """Groups to rewrite (each into one file of at most about `target_file_size`), within
     `budget_bytes` of input, and the files to drop outright; nothing while that is fewer than
@@ -103,7 +106,8 @@ def plan_compaction(
         if f.live_records <= 0:
             dropped.append(f)
             continue
-        if f.size < target_file_size * SMALL_FRACTION or f.deleted_fraction >= DELETED_FRACTION_TO_REWRITE:
+        small = f.size < target_file_size * SMALL_FRACTION and (not tiered or large_file_bytes is None or f.size < large_file_bytes)
+        if small or f.deleted_fraction >= DELETED_FRACTION_TO_REWRITE:
             by_class[(size_class(f.live_bytes, fan_in) if tiered else 0, f.partition)].append(f)
 
     candidates: list[tuple[int, RewriteGroup]] = []

@@ -53,6 +53,8 @@ COMPACTION_MIN_BUDGET_BYTES: Final = "lakesink.maintenance.compaction-min-bytes-
 COMPACTION_BATCHES_PER_RUN: Final = "lakesink.maintenance.compaction-batches-per-run"
 # Files of one size class a compaction merges at once, and the ratio between classes.
 COMPACTION_FAN_IN: Final = "lakesink.maintenance.compaction-fan-in"
+# Files at least this large are left alone by a stream's compaction (not by `maintain compact`).
+COMPACTION_LARGE_FILE_BYTES: Final = "lakesink.maintenance.compaction-large-file-bytes"
 # The highest sequence any sequenced delete of the table ever carried (order-preserving key
 # encoding, hex): what a key index that cannot read the stored tombstones must assume.
 TOMBSTONE_MAX_SEQUENCE: Final = "lakesink.tombstones.max-sequence"
@@ -70,7 +72,8 @@ class PropertyError(LakesinkError, ValueError):
         super().__init__(f"table property '{name}' {message}")
 
 
-DEFAULT_FAN_IN = 4
+DEFAULT_FAN_IN = 8
+DEFAULT_LARGE_FILE_BYTES = 8 * 1024 * 1024
 
 
 def _int(props: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
@@ -135,6 +138,7 @@ class TableSettings:
     compaction_min_budget_bytes: int
     compaction_batches_per_run: int
     compaction_fan_in: int
+    compaction_large_file_bytes: int
     # How long a task, a plan or a commit waits for an object store or catalog that is away
     # (iceberg/outage.py): long enough for a restart.
     outage_timeout_ms: int
@@ -169,6 +173,7 @@ class TableSettings:
             compaction_min_budget_bytes=_int(props, COMPACTION_MIN_BUDGET_BYTES, 32 * 1024 * 1024, minimum=0),
             compaction_batches_per_run=_int(props, COMPACTION_BATCHES_PER_RUN, 3, minimum=1),
             compaction_fan_in=_int(props, COMPACTION_FAN_IN, DEFAULT_FAN_IN, minimum=2),
+            compaction_large_file_bytes=_int(props, COMPACTION_LARGE_FILE_BYTES, DEFAULT_LARGE_FILE_BYTES, minimum=0),
             outage_timeout_ms=_int(props, OUTAGE_TIMEOUT_MS, DEFAULT_OUTAGE_MS, minimum=0),
             data_path=(props.get(DATA_PATH) or f"{location.rstrip('/')}/data").rstrip("/"),
             metadata_path=(props.get(METADATA_PATH) or f"{location.rstrip('/')}/metadata").rstrip("/"),

@@ -75,9 +75,13 @@ def test_each_micro_batch_is_one_snapshot_visible_to_other_readers(spark, tmp_pa
     assert Counter(a for a in amounts if a == a) == Counter(r["amount"] for r in written if r["amount"] == r["amount"])
 
 
+# Size classes of four files (the default merges eight): a few micro-batches make a compaction.
+FAN_IN_4 = {"property.lakesink.maintenance.compaction-fan-in": "4"}
+
+
 def test_a_stream_compacts_its_small_files_between_batches(spark, tmp_path: Path, warehouse: str) -> None:
-    """Six small micro-batches into one partition: after the fourth small file the commit's
-    maintenance merges them (a `replace` snapshot); rows stay exact for every reader, every
+    """Six small micro-batches into one partition: after the fourth small file (fan-in 4) the
+    next batch's tasks merge them (a `replace` snapshot); rows stay exact for every reader, every
     batch keeps its own snapshot and row lineage, and `maintenance=off` leaves all files."""
     source, written = tmp_path / "source", []
     for batch in range(6):
@@ -85,7 +89,8 @@ def test_a_stream_compacts_its_small_files_between_batches(spark, tmp_path: Path
         write_source_file(source, batch, records)
         written += records
     for mode, name in (("auto", "db.auto"), ("off", "db.off")):
-        run_available_now(spark, source, tmp_path / f"checkpoint-{mode}", table=name, warehouse=warehouse, maintenance=mode)
+        run_available_now(spark, source, tmp_path / f"checkpoint-{mode}", table=name, warehouse=warehouse, maintenance=mode,
+                          **FAN_IN_4)
         assert_readers_see(warehouse, name, expected_rows(written, ["id", "name", "ts"]), ["id", "name", "ts"])
     auto, off = load(warehouse, "db.auto"), load(warehouse, "db.off")
     assert [s.summary[EPOCH_ID] for s in auto.metadata.snapshots if EPOCH_ID in s.summary.additional_properties] == [str(b) for b in range(6)]
@@ -109,7 +114,7 @@ def test_background_maintenance_compacts_beside_the_next_batch_and_auto_lands_wh
         write_source_file(source, batch, records)
         written += records
     for mode in ("auto", "background"):
-        options = {"table": f"db.{mode}", "warehouse": warehouse, "maintenance": mode}
+        options = {"table": f"db.{mode}", "warehouse": warehouse, "maintenance": mode, **FAN_IN_4}
         run_available_now(spark, source, tmp_path / f"checkpoint-{mode}", **options)
         wait_for_table(options)
         assert_readers_see(warehouse, f"db.{mode}", expected_rows(written, ["id", "name", "ts"]), ["id", "name", "ts"])

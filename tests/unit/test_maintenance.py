@@ -510,7 +510,8 @@ def test_a_long_upsert_stream_keeps_its_table_bounded(warehouse: str, monkeypatc
     monkeypatch.setattr(fold_module, "FOLD_MIN_ROWS", 1000)
     keyed = _keyed(
         warehouse,
-        **{"property.history.expire.max-snapshot-age-ms": "0", "property.write.metadata.previous-versions-max": "10"},
+        **{"property.history.expire.max-snapshot-age-ms": "0", "property.write.metadata.previous-versions-max": "10",
+           "property.lakesink.maintenance.compaction-fan-in": "4"},  # the tightest tiers: the bounds below are theirs
     )
     live: dict[int, dict] = {}
     metadata_sizes, live_files, moved = [], [], []
