@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyiceberg as _pyiceberg
+
 from lakesink_datasource import spark_version as _spark_version
 from lakesink_datasource.errors import LakesinkError
-from lakesink_datasource.iceberg import compat as _compat
-from lakesink_datasource.version import __version__
+from lakesink_datasource.version import PINNED_PYICEBERG_VERSION, __version__
 
-_compat.check_version()  # fail at import, not at the first commit, on an unvetted pyiceberg
+if _pyiceberg.__version__ != PINNED_PYICEBERG_VERSION:
+    # Fail at import, not at the first commit, on an unvetted pyiceberg. Only then is the
+    # compat layer imported here (it raises, naming the version to install): it pulls in
+    # pyiceberg's table model, which every Python worker Spark starts would pay for.
+    from lakesink_datasource.iceberg import compat as _compat  # noqa: F401
 _spark_version.check_pyspark()  # and on a PySpark minor lakesink was not tested on
 
 __all__ = ["LakeSinkDataSource", "LakesinkError", "__version__", "cluster_by_key", "cluster_by_partition"]

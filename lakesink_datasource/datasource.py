@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import msgspec
 import pyarrow as pa
@@ -25,26 +26,17 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from lakesink_datasource.catalog import loader
-from lakesink_datasource.commit.committer import abort_write, commit_write
 from lakesink_datasource.errors import without_traceback
-from lakesink_datasource.key_routing import RESULT_COLUMN, routed_stream
-from lakesink_datasource.maintenance.after_batch import land_compaction, maintain_after_commit
-from lakesink_datasource.maintenance.background import report_background, table_turn
-from lakesink_datasource.maintenance.compaction import CompactionResult
-from lakesink_datasource.maintenance.tombstone_storing import store_tombstones_before_commit, store_tombstones_safely
-from lakesink_datasource.messages import RoutedCommitMessage, decode_messages
-from lakesink_datasource.options import OptionError, WriteOptions, parse_options
-from lakesink_datasource.progress import BatchTiming, report_batch
-from lakesink_datasource.read import metadata_tables
-from lakesink_datasource.read.batch import LakeSinkFilteringReader, LakeSinkRangeReader, LakeSinkReader, filter_pushdown_enabled
-from lakesink_datasource.read.changes import CHANGE_ORDINAL, CHANGE_TYPE, COMMIT_SNAPSHOT_ID, COMMIT_TIMESTAMP
-from lakesink_datasource.read.options import parse_read_options
-from lakesink_datasource.read.stream import LakeSinkStreamReader
-from lakesink_datasource.table.plan import WritePlan
-from lakesink_datasource.table.setup import plan_write
 from lakesink_datasource.worker_gc import settle_imports
-from lakesink_datasource.write.task import write_task
+
+if TYPE_CHECKING:
+    from lakesink_datasource.options import WriteOptions
+    from lakesink_datasource.read.stream import LakeSinkStreamReader
+    from lakesink_datasource.table.plan import WritePlan
+
+# The rest is imported where it is used: Spark starts a Python process of its own for each
+# role (creating the source, planning, a task, the commit, a read) and each pays for what
+# this module imports, a second or more on a fresh executor for the whole package.
 
 log = logging.getLogger("lakesink")
 
@@ -61,7 +53,9 @@ class LakeSinkDataSource(DataSource):
         # Asked for by reads without a user schema (the read's table state: time travel sees
         # the columns of its time) and by CREATE TABLE ... USING lakesink without a column
         # list (which passes write options: only the read ones are looked at).
-        from lakesink_datasource.read.options import read_subset
+        from lakesink_datasource.read import metadata_tables
+        from lakesink_datasource.read.changes import CHANGE_ORDINAL, CHANGE_TYPE, COMMIT_SNAPSHOT_ID, COMMIT_TIMESTAMP
+        from lakesink_datasource.read.options import parse_read_options, read_subset
         from lakesink_datasource.read.scan import NoSuchTable, resolve_state
         from lakesink_datasource.schema.iceberg_to_spark import iceberg_to_spark
 
@@ -82,6 +76,16 @@ class LakeSinkDataSource(DataSource):
 
     @without_traceback
     def reader(self, schema: StructType) -> DataSourceReader:
+        from lakesink_datasource.options import OptionError
+        from lakesink_datasource.read import metadata_tables
+        from lakesink_datasource.read.batch import (
+            LakeSinkFilteringReader,
+            LakeSinkRangeReader,
+            LakeSinkReader,
+            filter_pushdown_enabled,
+        )
+        from lakesink_datasource.read.options import parse_read_options
+
         settle_imports()
         options = parse_read_options(self.options)
         meta = metadata_tables.resolve(options)
@@ -98,16 +102,24 @@ class LakeSinkDataSource(DataSource):
 
     @without_traceback
     def streamReader(self, schema: StructType) -> LakeSinkStreamReader:
+        from lakesink_datasource.read.options import parse_read_options
+        from lakesink_datasource.read.stream import LakeSinkStreamReader
+
         settle_imports()
         return LakeSinkStreamReader(parse_read_options(self.options), schema)
 
     @without_traceback
     def writer(self, schema: StructType, overwrite: bool) -> LakeSinkBatchWriter:
+        from lakesink_datasource.options import parse_options
+
         settle_imports()
         return LakeSinkBatchWriter(_timed_plan(parse_options(self.options), schema, overwrite))
 
     @without_traceback
     def streamWriter(self, schema: StructType, overwrite: bool) -> LakeSinkStreamWriter | RoutedStreamWriter:
+        from lakesink_datasource.key_routing import routed_stream
+        from lakesink_datasource.options import OptionError, parse_options
+
         settle_imports()  # the planning worker and the commit runner both call this
         routed = routed_stream(schema, self.options)
         if routed is not None:
@@ -124,6 +136,9 @@ class LakeSinkDataSource(DataSource):
 
 
 def _timed_plan(options: WriteOptions, schema: StructType, overwrite: bool) -> WritePlan:
+    from lakesink_datasource.table.setup import plan_write
+
+    settle_imports()
     # Spark plans every micro-batch anew: where the batch's time starts, for the progress line.
     planned_at, started, cpu = time.time(), time.perf_counter(), time.process_time()
     plan = plan_write(options, schema, overwrite)
@@ -141,6 +156,16 @@ def _driver_event(step: str, batch_id: int | None, seconds: float, cpu_seconds: 
 
 def _commit(plan: WritePlan, messages: list[WriterCommitMessage | None], batch_id: int | None) -> None:
     """One batch's commit in the driver: its snapshot, then what follows from it."""
+    from lakesink_datasource.catalog import loader
+    from lakesink_datasource.commit.committer import commit_write
+    from lakesink_datasource.maintenance.after_batch import land_compaction, maintain_after_commit
+    from lakesink_datasource.maintenance.background import report_background, table_turn
+    from lakesink_datasource.maintenance.compaction import CompactionResult
+    from lakesink_datasource.maintenance.tombstone_storing import store_tombstones_before_commit, store_tombstones_safely
+    from lakesink_datasource.messages import decode_messages
+    from lakesink_datasource.progress import BatchTiming, report_batch
+
+    settle_imports()
     commit_started, cpu = time.time(), time.process_time()
     results = decode_messages(messages)
     sequenced = plan.keyed is not None and plan.keyed.sequence_source is not None
@@ -178,22 +203,35 @@ def _commit(plan: WritePlan, messages: list[WriterCommitMessage | None], batch_i
         report_batch(plan.options.table, batch_id, outcome, compaction, timing)
 
 
+def _write(plan: WritePlan, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+    """A task (on an executor): the rows into data files, and a commit message."""
+    from lakesink_datasource.write.task import write_task
+
+    settle_imports()
+    return write_task(plan, iterator)
+
+
+def _abort(plan: WritePlan, messages: list[WriterCommitMessage | None], batch_id: int | None) -> None:
+    from lakesink_datasource.commit.committer import abort_write
+    from lakesink_datasource.messages import decode_messages
+
+    abort_write(plan, decode_messages(messages), batch_id=batch_id)
+
+
 class LakeSinkBatchWriter(DataSourceArrowWriter):
     def __init__(self, plan: WritePlan):
         self.plan = plan
 
     @without_traceback
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        settle_imports()
-        return write_task(self.plan, iterator)
+        return _write(self.plan, iterator)
 
     @without_traceback
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        settle_imports()
         _commit(self.plan, messages, batch_id=None)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        abort_write(self.plan, decode_messages(messages), batch_id=None)
+        _abort(self.plan, messages, batch_id=None)
 
 
 class RoutedStreamWriter(DataSourceStreamArrowWriter):
@@ -205,6 +243,9 @@ class RoutedStreamWriter(DataSourceStreamArrowWriter):
 
     @without_traceback
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        from lakesink_datasource.key_routing import RESULT_COLUMN
+        from lakesink_datasource.messages import RoutedCommitMessage
+
         return RoutedCommitMessage([p for batch in iterator for p in batch.column(RESULT_COLUMN).to_pylist()])
 
     @without_traceback
@@ -212,7 +253,7 @@ class RoutedStreamWriter(DataSourceStreamArrowWriter):
         _commit(self.plan, messages, batch_id=batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        abort_write(self.plan, decode_messages(messages), batch_id=batchId)
+        _abort(self.plan, messages, batch_id=batchId)
 
 
 class LakeSinkStreamWriter(DataSourceStreamArrowWriter):
@@ -221,13 +262,12 @@ class LakeSinkStreamWriter(DataSourceStreamArrowWriter):
 
     @without_traceback
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        settle_imports()
-        return write_task(self.plan, iterator)
+        return _write(self.plan, iterator)
 
     @without_traceback
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _commit(self.plan, messages, batch_id=batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        abort_write(self.plan, decode_messages(messages), batch_id=batchId)
+        _abort(self.plan, messages, batch_id=batchId)
 

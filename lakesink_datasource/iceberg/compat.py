@@ -32,8 +32,7 @@ from pyiceberg.table import metadata as _metadata
 from pyiceberg.typedef import IcebergBaseModel
 
 from lakesink_datasource.errors import LakesinkError
-
-PINNED_PYICEBERG_VERSION = "0.12.0"
+from lakesink_datasource.version import PINNED_PYICEBERG_VERSION
 
 _enabled: contextvars.ContextVar[bool] = contextvars.ContextVar("lakesink_v3_metadata_writes", default=False)
 _released_dump: Callable[..., str] | None = None

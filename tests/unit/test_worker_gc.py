@@ -9,7 +9,7 @@ import sys
 
 _PROBE = """
 import gc, os, time
-import lakesink_datasource.datasource  # what a worker imports to run lakesink
+import lakesink_datasource.datasource, lakesink_datasource.write.task  # what a task's worker imports
 from lakesink_datasource.worker_gc import settle_imports
 
 before = len(gc.get_objects())
