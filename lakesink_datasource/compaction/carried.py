@@ -2,9 +2,9 @@
 
 With `maintenance=auto` the plan of a write (made on the driver before its tasks run) also
 picks the compaction worth doing on the table state it planned against: the tiered planner
-(`plan.py`) within a byte budget. The groups travel with the plan; the task with partition
-id p rewrites group p once its rows are written and hands the new files back in its commit
-message. The commit lands them as a `replace` snapshot of their own right before the batch's
+(`plan.py`) within a byte budget. The groups travel with the plan, dealt out by the number
+of tasks the table's last write ran: the task with partition id p rewrites groups p,
+p + tasks, ... once its rows are written and hands the new files back in its commit message. The commit lands them as a `replace` snapshot of their own right before the batch's
 snapshot. So the driver plans and commits metadata only, whatever the table's ingest rate,
 and the rewriting is spread over the executors as the batch's rows are.
 
@@ -14,8 +14,8 @@ writer changed those files: the group is then dropped), and the batch's deletes 
 rewritten files as they do after any compaction that lands between a write's plan and its
 commit (commit/rebase.py).
 
-A group no task took (the batch ran fewer tasks than there were groups) is planned again
-with a later write; the budget keeps the number of groups small.
+A group no task took (the batch ran fewer tasks than the last write) is planned again with
+a later write.
 """
 
 from __future__ import annotations
@@ -51,10 +51,14 @@ class CarriedGroup(msgspec.Struct, frozen=True):
 class CarriedCompaction(msgspec.Struct, frozen=True):
     groups: list[CarriedGroup]
     target_file_size: int
+    # The tasks the table's last write ran: task p takes groups p, p + tasks, ... so that a
+    # stream with few tasks (one input partition, many table partitions) still merges all.
+    tasks: int = 1
 
 
-def plan_carried(table: Table, *, budget_bytes: int, min_files: int) -> CarriedCompaction | None:
-    """The compaction a write's tasks carry out on `table` as it is now, None for none."""
+def plan_carried(table: Table, *, budget_bytes: int, min_files: int, tasks: int = 1) -> CarriedCompaction | None:
+    """The compaction a write's tasks carry out on `table` as it is now, None for none;
+    `tasks`: how many tasks the write is expected to run (its groups are dealt out to them)."""
     plan, inputs = plan_for(table, budget_bytes, min_files=min_files)
     if plan.is_empty:
         return None
@@ -63,7 +67,7 @@ def plan_carried(table: Table, *, budget_bytes: int, min_files: int) -> CarriedC
     target = TableSettings.of_table(table.metadata).target_file_size_bytes
     return CarriedCompaction(
         [CarriedGroup(pickle.dumps(g), pickle.dumps(dropped) if i == 0 and dropped else b"") for i, g in enumerate(groups)],
-        target,
+        target, max(1, tasks),
     )
 
 
@@ -76,18 +80,34 @@ def read_file(item: RewriteInput) -> ReadFile:
 def rewrite_carried(
     carried: CarriedCompaction, io: FileIO, metadata: TableMetadata, partition_id: int
 ) -> tuple[CompactionMessage, Callable[[], list[str]]] | None:
-    """Task `partition_id`'s group rewritten (`metadata`: the state the write planned
-    against); with a function that deletes what it wrote. None: no group for this task."""
-    if partition_id >= len(carried.groups):
+    """The groups of task `partition_id` rewritten (`metadata`: the state the write planned
+    against), as one message; with a function that deletes what it wrote. None: no group
+    for this task."""
+    mine = carried.groups[partition_id::carried.tasks] if partition_id < carried.tasks else []
+    if not mine:
         return None
-    group = carried.groups[partition_id]
-    inputs: list[RewriteInput] = pickle.loads(group.inputs)
-    dropped: list[RewriteInput] = pickle.loads(group.dropped) if group.dropped else []
     started = time.perf_counter()
+    inputs: list[RewriteInput] = []
+    dropped: list[RewriteInput] = []
     files: list[DataFileMessage] = []
-    delete: Callable[[], list[str]] = list
-    if inputs:
-        files, delete = rewrite_by_shard(io, metadata, inputs, target_file_size=carried.target_file_size, on_file=None)
+    deleters: list[Callable[[], list[str]]] = []
+
+    def delete() -> list[str]:
+        return [path for d in deleters for path in d()]
+
+    try:
+        for group in mine:
+            group_inputs: list[RewriteInput] = pickle.loads(group.inputs)
+            dropped += pickle.loads(group.dropped) if group.dropped else []
+            if group_inputs:
+                # One rewrite per group: each group is one partition's files of one size class.
+                written, undo = rewrite_by_shard(io, metadata, group_inputs, target_file_size=carried.target_file_size, on_file=None)
+                files += written
+                deleters.append(undo)
+            inputs += group_inputs
+    except BaseException:
+        delete()
+        raise
     message = CompactionMessage(
         group=partition_id,
         rewritten=[read_file(i) for i in inputs],

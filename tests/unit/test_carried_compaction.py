@@ -209,3 +209,29 @@ def test_a_driver_killed_between_the_carried_compaction_and_the_batch_commits_th
     assert sum(1 for s in _summaries(warehouse) if s.get(EPOCH_ID) == "8") == 1
     assert_readers_see(warehouse, IDENT, expected_rows(expected.values(), COLUMNS), COLUMNS)
     assert check_table(load(warehouse, IDENT)) == []
+
+
+def test_one_task_takes_every_group_when_the_last_write_ran_one_task(warehouse: str) -> None:
+    """A stream with one input partition into a table of many partitions: the one task of a
+    batch rewrites the groups of every partition, so merging keeps up with what it adds."""
+    options = {"partition_by": "bucket(4, id)"}
+    written: list[dict] = []
+    for b in range(8):  # eight files in each of the four buckets, from one task per batch
+        rows = _rows(range(b * 40, b * 40 + 40), f"b{b}-")
+        _Stream(warehouse, **options, maintenance="off").batch(b, [rows])
+        written += rows
+    assert len(_live_paths(warehouse)) == 32
+    stream = _Stream(warehouse, **options)
+    plan = stream.plan()
+    assert plan.compaction is not None and len(plan.compaction.groups) == 4 and plan.compaction.tasks == 1
+    rows = _rows(range(1000, 1040), "b8-")
+    (message,) = stream.write(plan, 8, [rows])
+    _commit(plan, [message], 8)
+    written += rows
+
+    (result,) = decode_messages([message])
+    assert result.compaction is not None and len(result.compaction.rewritten) == 32 and len(result.compaction.files) == 4
+    live = _live_paths(warehouse)
+    assert len(live) == 8 and sum(COMPACTED_PREFIX in os.path.basename(p) for p in live) == 4  # one merged file per bucket
+    assert_readers_see(warehouse, IDENT, expected_rows(written, COLUMNS), COLUMNS)
+    assert check_table(load(warehouse, IDENT)) == []
