@@ -1,10 +1,12 @@
-"""`maintenance=auto`: what runs in the driver's commit process after each committed batch.
+"""`maintenance=auto`: the maintenance a batch's commit runs in the driver besides the snapshot.
 
 Snapshot expiry and the bounded metadata log already travel inside the batch's own commit;
-this adds the two steps that cannot: compaction (its own `replace` snapshot, within a
-budget per batch) and, at most once per `lakesink.maintenance.orphan-interval-ms` per
-process, orphan-file removal in a background thread. Neither may fail or stall the stream:
-errors are logged and the batch stays committed.
+this adds the steps that cannot: landing the compaction the batch's tasks carried, right
+before the batch's snapshot (`land_compaction`); after it, compaction where the tasks
+carried none (`maintain_after_commit`: its own `replace` snapshot, within a budget per
+batch) and, at most once per `lakesink.maintenance.orphan-interval-ms` per process,
+orphan-file removal in a background thread. None may fail or stall the stream: errors are
+logged and the batch commits.
 """
 
 from __future__ import annotations

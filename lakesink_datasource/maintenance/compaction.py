@@ -1,15 +1,17 @@
-"""Small-file compaction: plan, rewrite, and land one `replace` snapshot, or nothing.
+"""Small-file compaction: land a rewrite as one `replace` snapshot, or nothing.
 
-Used in two places: after every micro-batch's commit when `maintenance=auto` (with a byte
-budget, so a batch's latency stays flat), and by `python -m lakesink_datasource.maintain
-compact` (with a large one). In a stream it runs in the driver's commit process right after
-the batch landed and before Spark plans the next batch, so the stream's own writes and its
-compaction are ordered and never conflict (docs/maintenance.md says why this design).
+Used in three places: `land_carried` lands the groups a write's tasks rewrote
+(`maintenance=auto`, compaction/carried.py) right before the batch's own snapshot; `compact`
+plans, rewrites and lands in this process, after a batch's commit where the tasks carried
+nothing (routed streams, `maintenance=background`, overwrites, evolving writes; with a byte
+budget, so a batch's latency stays flat) and for `python -m lakesink_datasource.maintain
+compact` (with a large one). docs/maintenance.md says why this design.
 
-The snapshot lands only on the exact state the rewrite read (one compare-and-swap against
-it, validated again as a named step), so a concurrent writer is never overruled: if anything
-committed in between, the rewrite is dropped and its files deleted, and the next batch
-tries again. Compaction never raises into the stream: any failure is logged and undone.
+A rewrite lands only if every file it read is still live with the DV it was read with (and,
+when the table moved on since the read, no equality deletes came meanwhile), so a concurrent
+writer is never overruled: otherwise the rewrite is dropped and its files deleted, and a
+later write tries again. Compaction never raises into the stream: any failure is logged and
+undone.
 """
 
 from __future__ import annotations
