@@ -187,6 +187,7 @@ def test_maintenance_compacts_expires_and_removes_a_planted_orphan_on_the_store(
         "property.lakesink.maintenance.orphan-min-age-ms": "0",
         "property.lakesink.maintenance.orphan-interval-ms": "0",
         "property.lakesink.maintenance.compaction-batches-per-run": "1",
+        "property.lakesink.maintenance.compaction-fan-in": "4",  # six batches make a compaction
     }
     _batch(deployment, "m", range(0, 10), 0, **options)
     table = deployment.load("m")
