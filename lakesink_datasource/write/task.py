@@ -310,8 +310,8 @@ def write_task(
 
 
 def _carried_compaction(plan: WritePlan, io: FileIO, metadata: TableMetadata, who: TaskIdentity) -> CompactionMessage | None:
-    """This task's group of the compaction the write carries (maintenance=auto), rewritten
-    after its rows. Never fails the task: the batch's rows matter, the group waits for a
+    """This task's groups of the compaction the write carries (maintenance=auto), rewritten
+    after its rows. Never fails the task: the batch's rows matter, the groups wait for a
     later write."""
     if plan.compaction is None:
         return None
