@@ -4,8 +4,9 @@ With `maintenance=auto` the plan of a write (made on the driver before its tasks
 picks the compaction worth doing on the table state it planned against: the tiered planner
 (`plan.py`) within a byte budget. The groups travel with the plan, dealt out by the number
 of tasks the table's last write ran: the task with partition id p rewrites groups p,
-p + tasks, ... once its rows are written and hands the new files back in its commit message. The commit lands them as a `replace` snapshot of their own right before the batch's
-snapshot. So the driver plans and commits metadata only, whatever the table's ingest rate,
+p + tasks, ... once its rows are written and hands the new files back in its commit
+message. The commit lands them as a `replace` snapshot of their own right before the
+batch's snapshot. So the driver plans and commits metadata only, whatever the table's ingest rate,
 and the rewriting is spread over the executors as the batch's rows are.
 
 Why before the batch's snapshot and not after: a keyed batch may hide rows in files the
