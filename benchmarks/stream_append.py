@@ -153,7 +153,9 @@ def run_side(spark: Any, side: str, source: Path, work: Path) -> dict[str, Any]:
     if query.exception() is not None:
         raise RuntimeError(f"{side}: {query.exception()}")
     batches = len(query.recentProgress)
-    out: dict[str, Any] = {"seconds": seconds, "batches": batches}
+    # Each micro-batch's own time: a fresh process's first batch carries its cold start.
+    batch_ms = [p.durationMs.get("triggerExecution", 0) for p in query.recentProgress]
+    out: dict[str, Any] = {"seconds": seconds, "batches": batches, "batch_ms": batch_ms}
     if side in LAKESINK_SIDES:
         out.update(table_stats(work / "warehouse"))
         out.update(_driver_cpu(mark, out["batches"]))

@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyiceberg.io import FileIO
@@ -21,17 +21,12 @@ from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table.metadata import TableMetadata
 
-from lakesink_datasource.compaction.carried import rewrite_carried
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg import outage
 from lakesink_datasource.iceberg.partition_key import PartitionKey, partition_path
 from lakesink_datasource.iceberg.properties import TableSettings, effective_properties
 from lakesink_datasource.iceberg.row_filter import RowFilter, matches, parse_filter
-from lakesink_datasource.index.for_write import TaskIndex
-from lakesink_datasource.index.key_columns import TOMBSTONE_DIR
-from lakesink_datasource.index.key_route import KeyRoute
-from lakesink_datasource.index.owner import owner_digest
 from lakesink_datasource.io.partitioning import PartitionSplitter
 from lakesink_datasource.io.rolling_writer import STREAM_BUFFER_BYTES, PartitionedParquetWriter
 from lakesink_datasource.messages import CompactionMessage, LakeSinkCommitMessage, TaskResult, TaskStats
@@ -39,7 +34,14 @@ from lakesink_datasource.schema.arrow_align import BatchAligner, table_arrow_sch
 from lakesink_datasource.table import idempotency, metadata_cache
 from lakesink_datasource.table.plan import WritePlan, write_schema, write_spec
 from lakesink_datasource.write.changes import KeyedInputError
-from lakesink_datasource.write.keyed import KeyedWriter, chunk_route, open_task_index
+
+if TYPE_CHECKING:
+    from lakesink_datasource.index.for_write import TaskIndex
+    from lakesink_datasource.index.key_route import KeyRoute
+    from lakesink_datasource.write.keyed import KeyedWriter
+
+# The key index and the carried compaction are imported by the tasks that use them: a task
+# is often the first thing a fresh Python worker runs, and an append needs neither.
 
 log = logging.getLogger("lakesink")
 
@@ -227,6 +229,8 @@ def write_task(
     keyed: KeyedWriter | None = None
     task_index: TaskIndex | None = None
     route: KeyRoute | None = None
+    if plan.keyed is not None:
+        from lakesink_datasource.write.keyed import KeyedWriter, chunk_route, open_task_index
     try:
         if plan.keyed is not None and not plan.keyed.routed:
             task_index = open_task_index(plan, metadata, io, partition_id=who.partition_id, attempt=who.attempt, query_id=who.query_id)
@@ -297,6 +301,9 @@ def write_task(
     )
     if keyed is None or task_index is None:
         return result(data_files=files, stats=stats, compaction=compaction)
+    from lakesink_datasource.index.key_columns import TOMBSTONE_DIR
+    from lakesink_datasource.index.owner import owner_digest
+
     # Named with the host's digest: a host catching up a batch made on several hosts skips
     # its own reports (its index has its own part already).
     report = f"{data_dir}/{TOMBSTONE_DIR}/{plan.write_id}-{owner_digest(keyed.host)}-{who.partition_id:05d}-{who.attempt}"
@@ -315,6 +322,8 @@ def _carried_compaction(plan: WritePlan, io: FileIO, metadata: TableMetadata, wh
     later write."""
     if plan.compaction is None:
         return None
+    from lakesink_datasource.compaction.carried import rewrite_carried
+
     try:
         done = rewrite_carried(plan.compaction, io, metadata, who.partition_id)
         if done is None:

@@ -3,7 +3,8 @@
     python benchmarks/experiments/scale-out/java_interop.py
 
 A v3 CDC table (bucket(4, id), sequence column; 20K keys) written through the production
-path (plan_write -> write_task -> the driver's commit and maintenance) by two hosts (two
+path (plan_write -> write_task, which also rewrites the compaction groups the plan carries
+(fan-in 2 here, so most batches carry one) -> the driver's commit) by two hosts (two
 index directories; each batch's keys split between them by a parity that changes from
 batch to batch), with published index copies on. Between batches: Iceberg Java 1.10.2's
 `rewrite_data_files`, then `expire_snapshots` and `remove_orphan_files` (backdated, so it
@@ -40,7 +41,11 @@ TOOLS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared"
 SCHEMA = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.StringType()),
                        T.StructField("op", T.StringType()), T.StructField("lsn", T.LongType())])
 OPTIONS = {"table": "db.cdc", "warehouse": WAREHOUSE, "operation": "cdc", "primary_key": "id", "op_column": "op",
-           "sequence_column": "lsn", "partition_by": "bucket(4, id)", "progress": "false"}
+           "sequence_column": "lsn", "partition_by": "bucket(4, id)", "progress": "false",
+           # Fan-in 2, every batch: the tasks carry a compaction in most batches, so the files
+           # Java's rewrite, expiry and orphan removal left are what they read and replace.
+           "property.lakesink.maintenance.compaction-fan-in": "2",
+           "property.lakesink.maintenance.compaction-batches-per-run": "1"}
 
 
 def catalog() -> SqlCatalog:
@@ -61,7 +66,9 @@ def batch(ids: np.ndarray, ops: list[str], lsn: int, hosts: list[int]) -> list[s
         messages.append(write_task(on_host, iter([rows]), who=TaskIdentity(batch_id=lsn, query_id="q", partition_id=part)))
     _commit(plan, messages, lsn)
     published.wait_for_publishing()
-    return [f"host {h}: {r.index_sync}" for h, r in zip(hosts, decode_messages(messages))]
+    return [f"host {h}: {r.index_sync}" + (f", compacted {len(r.compaction.rewritten)} files into {len(r.compaction.files)}"
+                                             if r.compaction is not None else "")
+            for h, r in zip(hosts, decode_messages(messages))]
 
 
 def java(*actions: str) -> None:
