@@ -10,8 +10,9 @@ collector's permanent generation (`gc.freeze()`) at the start of a process's fir
 invocations, after which the daemon's collections only walk what was created since.
 
 Whatever is alive at that moment (and any cycle already garbage then) is never collected as
-part of a reference cycle any more (reference counting still frees what it can). That happens three times per process, so at most the
-objects of three invocations are kept: bounded. `LAKESINK_GC_FREEZE=0` in the workers' environment turns it off.
+part of a reference cycle any more (reference counting still frees what it can). That
+happens three times per process, so at most the objects of three invocations are kept:
+bounded. `LAKESINK_GC_FREEZE=0` in the workers' environment turns it off.
 """
 
 from __future__ import annotations

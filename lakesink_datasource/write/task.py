@@ -322,9 +322,9 @@ def _carried_compaction(plan: WritePlan, io: FileIO, metadata: TableMetadata, wh
     later write."""
     if plan.compaction is None:
         return None
-    from lakesink_datasource.compaction.carried import rewrite_carried
-
     try:
+        from lakesink_datasource.compaction.carried import rewrite_carried
+
         done = rewrite_carried(plan.compaction, io, metadata, who.partition_id)
         if done is None:
             return None
