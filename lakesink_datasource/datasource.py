@@ -112,7 +112,6 @@ class LakeSinkDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> LakeSinkBatchWriter:
         from lakesink_datasource.options import parse_options
 
-        settle_imports()
         return LakeSinkBatchWriter(_timed_plan(parse_options(self.options), schema, overwrite))
 
     @without_traceback
@@ -120,7 +119,6 @@ class LakeSinkDataSource(DataSource):
         from lakesink_datasource.key_routing import routed_stream
         from lakesink_datasource.options import OptionError, parse_options
 
-        settle_imports()  # the planning worker and the commit runner both call this
         routed = routed_stream(schema, self.options)
         if routed is not None:
             # cluster_by_key's stateful operator writes the rows; this sink plans the batch
@@ -138,6 +136,7 @@ class LakeSinkDataSource(DataSource):
 def _timed_plan(options: WriteOptions, schema: StructType, overwrite: bool) -> WritePlan:
     from lakesink_datasource.table.setup import plan_write
 
+    # Once the planning imports are in (the planning worker and the commit runner both plan).
     settle_imports()
     # Spark plans every micro-batch anew: where the batch's time starts, for the progress line.
     planned_at, started, cpu = time.time(), time.perf_counter(), time.process_time()
