@@ -17,8 +17,9 @@ TOMBSTONES = "lakesink.tombstones"  # Parquet files of a batch's sequenced delet
 DELETED_KEYS = "lakesink.deleted-keys"  # Parquet files of the keys a batch deleted without a sequence
 # Keyed batches: "true" when every key the batch deleted is in its TOMBSTONES or DELETED_KEYS
 # files (so another host's index follows the batch from them), and the task attempts whose
-# changes it holds ("<partition>.<attempt>,..."), so a host knows which of its own undo
-# tokens the batch committed (an attempt lost with its executor never did).
+# changes it holds ("<partition>.<attempt>,...", the attempt being Spark's task attempt id),
+# so a host knows which of its own undo tokens the batch committed (an attempt lost with its
+# executor never did).
 DELETES_REPORTED = "lakesink.deletes-reported"
 TASK_ATTEMPTS = "lakesink.task-attempts"
 # Hosts whose key index started over for this batch (a rebuild from the table or a published

@@ -93,6 +93,9 @@ class TaskIdentity:
     """Which task attempt of which batch of which query this is."""
 
     partition_id: int = 0
+    # Spark's task attempt id, unique within the application. Not attemptNumber: that starts
+    # again at 0 when Spark resubmits a stage (map output lost with an executor), so a rerun
+    # on the same host would share the dead attempt's undo token and see its index changes.
     attempt: int = 0
     batch_id: int | None = None
     query_id: str | None = None
@@ -110,7 +113,7 @@ class TaskIdentity:
         batch = ctx.getLocalProperty("streaming.sql.batchId")
         return cls(
             partition_id=ctx.partitionId(),
-            attempt=ctx.attemptNumber(),
+            attempt=ctx.taskAttemptId(),
             batch_id=int(batch) if batch is not None else None,
             query_id=ctx.getLocalProperty("sql.streaming.queryId"),
             # Spark SQL hands its session's spark.* settings to tasks as local properties.

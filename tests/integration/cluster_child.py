@@ -10,7 +10,8 @@ and writes `<OUT_JSON>.resume`), then the same stream (same checkpoint) over the
 SCENARIO "routed": the same through cluster_by_key (4 key shards), an executor killed during
 batch 2, the pause after batch 3.
 SCENARIO "one-worker": two executors on one worker: a cdc stream through cluster_by_key, then
-an unrouted keyed batch.
+an unrouted keyed batch; an executor is killed in each (its task runs again on the same host
+in a resubmitted stage).
 OUT_JSON records what each step did, for the test to compare with its model.
 """
 
@@ -72,6 +73,11 @@ def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> N
         builder = builder.config("spark.speculation", "true")
     if scenario in ("routed", "one-worker"):
         builder = builder.config("spark.sql.shuffle.partitions", "4")
+    if scenario == "one-worker":
+        # As where each executor has a disk of its own (containers): a lost executor's map
+        # output is lost with it (no reading its files from the host's disk), so Spark
+        # resubmits the stage and task attempt numbers start over.
+        builder = builder.config("spark.shuffle.readHostLocalDisk", "false")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(LakeSinkDataSource)
@@ -85,6 +91,12 @@ def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> N
             if time.monotonic() > deadline:
                 raise SystemExit("the cluster's two executors never registered")
             time.sleep(0.2)
+
+    def resubmitted_stages(group: str) -> int:
+        # Stages of the job group's jobs that Spark ran more than once (a stage attempt above 0).
+        tracker = spark.sparkContext.statusTracker()
+        stages = {s for j in tracker.getJobIdsForGroup(group) if (job := tracker.getJobInfo(j)) for s in job.stageIds}
+        return sum(1 for s in stages if (info := tracker.getStageInfo(s)) is not None and info.currentAttemptId > 0)
 
     keyed = {"table": TABLE, "warehouse": warehouse, "operation": "cdc", "primary_key": "id", "op_column": "op", "sequence_column": "seq"}
     report: dict[str, object] = {}
@@ -138,12 +150,28 @@ def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> N
         source, checkpoint = f"{out}.source", f"{out}.checkpoint"
         for rows in cdc_batches(8):
             spark.createDataFrame(rows, SCHEMA).coalesce(1).write.mode("append").parquet(source)
-        df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(source)
+        # Two map tasks feed the shard tasks (one on each executor), so the executor killed in
+        # batch 2 takes map output with it: Spark resubmits the stage, and the shard task runs
+        # again on the same worker with its attempt number started over at 0.
+        df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(source).repartition(2)
         routed_options = {k: v for k, v in keyed.items() if k != "primary_key"}
-        (cluster_by_key(df, "id", **routed_options).writeStream.format("lakesink").option("checkpointLocation", checkpoint)
-            .trigger(availableNow=True).start().awaitTermination())
+        with open(faults, "w") as f:  # the first shard task of batch 2 to finish writing loses its executor
+            json.dump([{"point": "task_files_written", "batch": 2, "action": "kill_executor", "once": True}], f)
+        query = (cluster_by_key(df, "id", **routed_options).writeStream.format("lakesink").option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True).start())
+        query.awaitTermination()
+        with open(faults) as f:
+            report["routed_fault_fired"] = json.load(f) == []
+        report["routed_resubmitted"] = resubmitted_stages(str(query.runId))
+        # The same for an unrouted keyed batch (two map tasks again, one on each executor).
+        with open(faults, "w") as f:
+            json.dump([{"point": "task_files_written", "action": "kill_executor", "once": True}], f)
         last = [(k, f"final-{k}", "u", 1000) for k in range(0, 200, 10)]
-        report["after"] = write(spark.createDataFrame(last, SCHEMA).repartition(4, "id"), keyed)
+        spark.sparkContext.setJobGroup("unrouted", "the unrouted keyed batch")
+        report["after"] = write(spark.createDataFrame(last, SCHEMA).repartition(2).repartition(4, "id"), keyed)
+        with open(faults) as f:
+            report["unrouted_fault_fired"] = json.load(f) == []
+        report["unrouted_resubmitted"] = resubmitted_stages("unrouted")
         report["done"] = True
     elif scenario == "replace":
         source, checkpoint = f"{out}.source", f"{out}.checkpoint"

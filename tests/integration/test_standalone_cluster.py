@@ -208,7 +208,10 @@ def test_a_routed_keyed_stream_keeps_each_shard_on_its_worker(cluster: Cluster, 
 def test_two_executors_on_one_worker_share_its_index_directory_exactly(tmp_path: Path) -> None:
     """One worker with two executors (one HOME, so one index directory for two processes): a
     routed cdc stream spreads its 4 key shards over both executors, then an unrouted keyed
-    batch's tasks on both share the worker's whole index under its host locks. Exact."""
+    batch's tasks on both share the worker's whole index under its host locks. In each, an
+    executor is killed after its task wrote: the map output it held is lost, Spark resubmits
+    the stage and runs the task again on the same worker with its attempt number started
+    over, where the dead attempt's index changes wait. Both land; the table is exact."""
     cluster = Cluster(tmp_path / "one-worker")
     try:
         cluster.start_master()
@@ -217,6 +220,9 @@ def test_two_executors_on_one_worker_share_its_index_directory_exactly(tmp_path:
     finally:
         cluster.stop()
     assert report["done"] and report["after"] is None, report
+    assert report["routed_fault_fired"] and report["unrouted_fault_fired"], "an executor kill never happened"
+    # What the kills are for: Spark ran the killed tasks again in resubmitted stages.
+    assert report["routed_resubmitted"] > 0 and report["unrouted_resubmitted"] > 0, report
     assert report["block_managers"] == 3  # the driver and two executors
     last = [(k, f"final-{k}", "u", 1000) for k in range(0, 200, 10)]
     model = _model([*cdc_batches(8), last])
