@@ -387,6 +387,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
     written_schema = _written_schema(results)
     written_spec = _written_spec(results)
     extra = _extra_summary(min(write_ids), query_id, batch_id, stats, plan.options)
+    extra[keys.TASKS] = str(len({r.partition_id for r in results}))
     hosts = sorted({r.host for r in results if r.host})
     if hosts:
         extra[keys.HOSTS] = ",".join(hosts)
@@ -400,7 +401,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
         # Every key the batch deleted is in the files above, and these task attempts made it:
         # what another host's index needs to follow the batch without a rebuild.
         extra[keys.DELETES_REPORTED] = "true"
-        extra[keys.TASK_ATTEMPTS] = ",".join(sorted(f"{r.partition_id}.{r.attempt}" for r in results))
+        extra[keys.TASK_ATTEMPTS] = ",".join(sorted(keys.task_attempt(r.partition_id, r.attempt) for r in results))
         starts = sorted({f"{r.host}: {r.index_sync}" for r in results if r.index_sync.startswith(("rebuilt", "fetched"))})
         if starts:
             extra[keys.INDEX_STARTS] = "; ".join(starts)

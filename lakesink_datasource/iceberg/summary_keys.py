@@ -6,6 +6,8 @@ without replaying batches; the `lakesink.*` keys are lakesink's own bookkeeping.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 QUERY_ID = "spark.sql.streaming.queryId"
 EPOCH_ID = "spark.sql.streaming.epochId"
 WRITE_ID = "lakesink.write-id"  # unique per planned write: recognises a commit after a lost response
@@ -22,6 +24,8 @@ DELETED_KEYS = "lakesink.deleted-keys"  # Parquet files of the keys a batch dele
 # executor never did).
 DELETES_REPORTED = "lakesink.deletes-reported"
 TASK_ATTEMPTS = "lakesink.task-attempts"
+# How many write tasks a batch ran: the next write deals its carried compaction out to as many.
+TASKS = "lakesink.tasks"
 # Hosts whose key index started over for this batch (a rebuild from the table or a published
 # copy), with why: "<host>: rebuilt (reason); ...". Absent when every index was followed.
 INDEX_STARTS = "lakesink.index-starts"
@@ -45,3 +49,23 @@ MOVED_DELETES = "lakesink.deletes-moved-by-compaction"
 # sequence, file and position, or none for a deleted key) that hosts' indexes apply.
 KEYS_REDECIDED = "lakesink.keys-redecided"
 REDECIDED_KEYS = "lakesink.redecided-keys"
+
+
+def task_attempt(partition_id: int, attempt: int) -> str:
+    """One entry of TASK_ATTEMPTS."""
+    return f"{partition_id}.{attempt}"
+
+
+def listed_task_attempts(properties: Mapping[str, str]) -> frozenset[str] | None:
+    """The entries of a snapshot's TASK_ATTEMPTS; None when it has none (not a keyed batch,
+    or one of a lakesink before it)."""
+    value = properties.get(TASK_ATTEMPTS)
+    return None if value is None else frozenset(filter(None, value.split(",")))
+
+
+def tasks_of(properties: Mapping[str, str]) -> int:
+    """How many write tasks a batch's snapshot says it ran; 0 when it does not say."""
+    if TASKS in properties:
+        return int(properties[TASKS])
+    # Keyed batches of a lakesink before TASKS: their tasks are the partitions they list.
+    return len({a.split(".", 1)[0] for a in listed_task_attempts(properties) or ()})

@@ -13,6 +13,8 @@ import hashlib
 import os
 import socket
 
+from lakesink_datasource.iceberg.summary_keys import task_attempt
+
 
 def index_owner(path: str) -> str:
     """Names the index a task resolves its keys in: the host, plus a short digest of the
@@ -46,4 +48,4 @@ def write_of(token: str) -> str:
 def task_attempt_of(token: str) -> str:
     """`<task>.<attempt>` of a token, as a snapshot lists the attempts it committed."""
     _write, _host, partition, attempt = token.rsplit("/", 3)
-    return f"{partition}.{attempt}"
+    return task_attempt(int(partition), int(attempt))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pyiceberg.table.snapshots import Snapshot
 
-from lakesink_datasource.iceberg.summary_keys import HOSTS, TASK_ATTEMPTS, WRITE_ID
+from lakesink_datasource.iceberg.summary_keys import HOSTS, WRITE_ID, listed_task_attempts
 from lakesink_datasource.index.owner import task_attempt_of, token_for, write_of
 from lakesink_datasource.index.sharded_index import ShardedIndex
 
@@ -57,11 +57,10 @@ def settle_own_part(index: ShardedIndex, pending: list[str], snapshot: Snapshot,
     hosts = set(filter(None, props.get(HOSTS, "").split(",")))
     if not tokens:
         return OwnPart([], only_here=False)
-    attempts = props.get(TASK_ATTEMPTS)
-    if attempts is not None:
+    listed = listed_task_attempts(props)
+    if listed is not None:
         # Attempts lost with their executor (another host ran the task again) never
         # committed: only the attempts the snapshot lists did.
-        listed = set(attempts.split(","))
         lost = [t for t in tokens if task_attempt_of(t) not in listed]
         if lost:
             index.rollback_tokens(lost)

@@ -30,7 +30,7 @@ from lakesink_datasource.iceberg.compat import v3_metadata_writes
 from lakesink_datasource.iceberg.history import branch_head
 from lakesink_datasource.iceberg.properties import CREATE_DEFAULTS, FORMAT_VERSION, PropertyError, TableSettings
 from lakesink_datasource.iceberg.row_filter import FilterError, parse_filter
-from lakesink_datasource.iceberg.summary_keys import TASK_ATTEMPTS
+from lakesink_datasource.iceberg.summary_keys import tasks_of
 from lakesink_datasource.index.key_route import ROUTE_COLUMN, ROUTE_KEY
 from lakesink_datasource.options import KEYED_OPERATIONS, OptionError, WriteOptions
 from lakesink_datasource.schema.evolution import Evolution, describe_differences, merge_schema
@@ -454,7 +454,7 @@ def _carried_compaction(options: WriteOptions, table: Table) -> CarriedCompactio
         snapshot = parent
     added = snapshot.summary.additional_properties if snapshot.summary is not None else {}
     settings = TableSettings.of_table(metadata)
-    tasks = len({a.split(".")[0] for a in added.get(TASK_ATTEMPTS, "").split(",") if a})
+    tasks = tasks_of(added)
     return plan_carried(
         table, budget_bytes=compaction_budget(settings, int(added.get("added-files-size", 0))),
         min_files=compaction_min_files(settings, int(added.get("added-data-files", 0))), tasks=tasks or 1,

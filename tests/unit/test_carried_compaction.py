@@ -235,3 +235,32 @@ def test_one_task_takes_every_group_when_the_last_write_ran_one_task(warehouse: 
     assert len(live) == 8 and sum(COMPACTED_PREFIX in os.path.basename(p) for p in live) == 4  # one merged file per bucket
     assert_readers_see(warehouse, IDENT, expected_rows(written, COLUMNS), COLUMNS)
     assert check_table(load(warehouse, IDENT)) == []
+
+
+def test_the_groups_are_shared_by_as_many_tasks_as_the_last_append_ran(warehouse: str) -> None:
+    """An append whose batches run two tasks into a table of four partitions: the next
+    batch's two tasks rewrite two partitions' files each, so the rewriting spreads over the
+    executors instead of falling to one task."""
+    options = {"partition_by": "bucket(4, id)"}
+    written: list[dict] = []
+    for b in range(4):  # two tasks a batch, each writing a file into each of the four buckets
+        tasks = [_rows(range(b * 80 + 40 * p, b * 80 + 40 * (p + 1)), f"b{b}-") for p in range(2)]
+        _Stream(warehouse, **options, maintenance="off").batch(b, tasks)
+        written += [r for t in tasks for r in t]
+    assert len(_live_paths(warehouse)) == 32
+    stream = _Stream(warehouse, **options)
+    plan = stream.plan()
+    assert plan.compaction is not None and len(plan.compaction.groups) == 4 and plan.compaction.tasks == 2
+    tasks = [_rows(range(1000 + 40 * p, 1040 + 40 * p), "b4-") for p in range(2)]
+    messages = stream.write(plan, 4, tasks)
+    _commit(plan, messages, 4)
+    written += [r for t in tasks for r in t]
+
+    results = decode_messages(messages)
+    carried = [r.compaction for r in results]
+    assert all(c is not None for c in carried)
+    assert [(len(c.rewritten), len(c.files)) for c in carried if c is not None] == [(16, 2), (16, 2)]
+    live = _live_paths(warehouse)
+    assert len(live) == 12 and sum(COMPACTED_PREFIX in os.path.basename(p) for p in live) == 4  # 8 new, 4 merged
+    assert_readers_see(warehouse, IDENT, expected_rows(written, COLUMNS), COLUMNS)
+    assert check_table(load(warehouse, IDENT)) == []
