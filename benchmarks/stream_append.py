@@ -267,7 +267,7 @@ def main(reps: int = 3, java: bool = True, out: Path = OUT_DIR, workdir: Path = 
                     if r["batches"] < case.batches:
                         raise RuntimeError(f"{side}: {r['batches']} batches where {case.batches} were expected")
                     times[side].append(r["seconds"])
-                    first[side].append(r["batch_ms"][0] / 1000 if r.get("batch_ms") else 0.0)
+                    first[side].append(r["batch_ms"][0] / 1000)
                     if side in metrics:
                         metrics[side].append({k: v for k, v in r.items() if k not in ("seconds", "batches")})
                     log(f"{case.name} rep {rep}: {side} {r['seconds']:.2f} s")

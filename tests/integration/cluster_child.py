@@ -54,6 +54,22 @@ def pause_for_the_test(out: str) -> None:
         time.sleep(0.1)
 
 
+def kill_an_executor_at_files_written(faults: str, batch: int | None = None) -> None:
+    """Arm the fault: the first task (of micro-batch `batch`, if given) to finish writing its
+    files loses its executor; fired once."""
+    rule: dict[str, object] = {"point": "task_files_written", "action": "kill_executor", "once": True}
+    if batch is not None:
+        rule["batch"] = batch
+    with open(faults, "w") as f:
+        json.dump([rule], f)
+
+
+def fault_fired(faults: str) -> bool:
+    """Whether the armed fault fired (a fired rule is taken out of the file)."""
+    with open(faults) as f:
+        return json.load(f) == []
+
+
 def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> None:
     from pyspark.sql import SparkSession
 
@@ -130,11 +146,9 @@ def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> N
             )
             query.awaitTermination()
 
-        with open(faults, "w") as f:  # the first shard task of batch 2 to finish writing loses its executor
-            json.dump([{"point": "task_files_written", "batch": 2, "action": "kill_executor", "once": True}], f)
+        kill_an_executor_at_files_written(faults, batch=2)
         routed_stream(0, 4)
-        with open(faults) as f:
-            report["fault_fired"] = json.load(f) == []
+        report["fault_fired"] = fault_fired(faults)
         pause_for_the_test(out)
         routed_stream(4, 8)
         report["done"] = True
@@ -155,22 +169,18 @@ def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> N
         # again on the same worker with its attempt number started over at 0.
         df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(source).repartition(2)
         routed_options = {k: v for k, v in keyed.items() if k != "primary_key"}
-        with open(faults, "w") as f:  # the first shard task of batch 2 to finish writing loses its executor
-            json.dump([{"point": "task_files_written", "batch": 2, "action": "kill_executor", "once": True}], f)
+        kill_an_executor_at_files_written(faults, batch=2)
         query = (cluster_by_key(df, "id", **routed_options).writeStream.format("lakesink").option("checkpointLocation", checkpoint)
             .trigger(availableNow=True).start())
         query.awaitTermination()
-        with open(faults) as f:
-            report["routed_fault_fired"] = json.load(f) == []
+        report["routed_fault_fired"] = fault_fired(faults)
         report["routed_resubmitted"] = resubmitted_stages(str(query.runId))
         # The same for an unrouted keyed batch (two map tasks again, one on each executor).
-        with open(faults, "w") as f:
-            json.dump([{"point": "task_files_written", "action": "kill_executor", "once": True}], f)
+        kill_an_executor_at_files_written(faults)
         last = [(k, f"final-{k}", "u", 1000) for k in range(0, 200, 10)]
         spark.sparkContext.setJobGroup("unrouted", "the unrouted keyed batch")
         report["after"] = write(spark.createDataFrame(last, SCHEMA).repartition(2).repartition(4, "id"), keyed)
-        with open(faults) as f:
-            report["unrouted_fault_fired"] = json.load(f) == []
+        report["unrouted_fault_fired"] = fault_fired(faults)
         report["unrouted_resubmitted"] = resubmitted_stages("unrouted")
         report["done"] = True
     elif scenario == "replace":
@@ -197,12 +207,10 @@ def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> N
         errors = []
         for b, rows in enumerate(cdc_batches()):
             if b == 2:
-                with open(faults, "w") as f:  # the first task to finish writing loses its executor
-                    json.dump([{"point": "task_files_written", "action": "kill_executor", "once": True}], f)
+                kill_an_executor_at_files_written(faults)
             errors.append(write(spark.createDataFrame(rows, SCHEMA).repartition(4, "id"), keyed))
         report["errors"] = errors
-        with open(faults) as f:
-            report["fault_fired"] = json.load(f) == []
+        report["fault_fired"] = fault_fired(faults)
         # Key 7777 in each of 4 slices: tasks on both executors change it.
         spread = [[(7777, f"slice{s}", "u", 100 + s)] + [(1000 + 10 * s + i, "x", "u", 100) for i in range(3)] for s in range(4)]
         rdd = spark.sparkContext.parallelize([r for part in spread for r in part], 4)
