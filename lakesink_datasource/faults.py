@@ -15,8 +15,12 @@ that spans the key index's shards, `committed`, `rolled_back`, `state_set`, `cat
 or `cleared`, finished one shard, before the next). actions: "kill" SIGKILLs the job's
 process session leader group and its own (driver, JVM, Python workers: a machine crash), "raise" raises
 InjectedFault, "kill_executor" SIGKILLs the JVM this Python worker serves (an executor lost
-mid-task, on a cluster), "run" runs `command` (argv list) and waits for it. A rule with
-"once": true is disarmed (file rewritten without it) when it fires.
+mid-task, on a cluster), "lose_answer" raises ConnectionResetError (a reply lost on the way
+back, after the step it follows took effect), "run" runs `command` (argv list) and waits for
+it. A rule with "once": true is disarmed (file rewritten without it) when it fires; one with
+"nth": [n, ...] fires on those hits of its point only (the hits counted in the file).
+"catalog_updated": a SQL catalog's compare-and-swap UPDATE is committed, its answer not yet
+back (catalog/sql_commit.py).
 """
 
 from __future__ import annotations
@@ -58,6 +62,13 @@ def _kill_executor_jvm() -> None:
     raise RuntimeError("kill_executor: no JVM among this process's ancestors")
 
 
+def _rewrite(path: str, rules: list[dict]) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(rules, f)
+    os.replace(tmp, path)
+
+
 def fault_point(point: str, batch_id: int | None = None) -> None:
     path = os.environ.get(ENV)
     if not path or not os.path.exists(path):
@@ -69,12 +80,14 @@ def fault_point(point: str, batch_id: int | None = None) -> None:
             continue
         if "batch" in rule and rule["batch"] != batch_id:
             continue
+        if "nth" in rule:
+            # Counted across processes (each batch's commit may run in another): in the file.
+            rule["hits"] = rule.get("hits", 0) + 1
+            _rewrite(path, rules)
+            if rule["hits"] not in rule["nth"]:
+                continue
         if rule.get("once"):
-            remaining = rules[:i] + rules[i + 1 :]
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(remaining, f)
-            os.replace(tmp, path)
+            _rewrite(path, rules[:i] + rules[i + 1 :])
         action = rule.get("action")
         if action == "kill":
             _kill_everything()
@@ -82,6 +95,8 @@ def fault_point(point: str, batch_id: int | None = None) -> None:
             _kill_executor_jvm()
         elif action == "raise":
             raise InjectedFault(f"injected fault at {point} (batch {batch_id})")
+        elif action == "lose_answer":
+            raise ConnectionResetError(f"injected fault at {point}: the connection dropped before the answer came back")
         elif action == "run":
             subprocess.run(rule["command"], check=True)
         return

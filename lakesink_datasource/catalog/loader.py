@@ -16,6 +16,7 @@ from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import NotInstalledError
 
 from lakesink_datasource.catalog.errors import CatalogError
+from lakesink_datasource.catalog.rest_timeouts import apply_timeouts
 from lakesink_datasource.iceberg.file_io import FILE_IO_IMPL
 from lakesink_datasource.iceberg.file_io import IMPL as FILE_IO
 from lakesink_datasource.iceberg.s3_region import settle_s3_region
@@ -95,6 +96,11 @@ def load(config: CatalogConfig) -> Catalog:
             raise CatalogError(f"{describe(config)} is not configured: {_hint(config)} (pyiceberg said: {exc})") from exc
         except OSError as exc:  # requests' ConnectionError and Timeout are OSErrors
             raise CatalogError(unreachable(config, exc)) from exc
+        if config.properties.get("type") == "rest":
+            try:
+                apply_timeouts(catalog, config.properties)
+            except ValueError as exc:
+                raise CatalogError(f"{describe(config)}: {exc} (a lakesink option 'catalog.<property>')") from exc
         _cache[key] = (catalog, _inode(embedded) if embedded is not None else None)
         return catalog
 

@@ -27,6 +27,7 @@ from pyiceberg.table.update import TableRequirement, TableUpdate
 from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import Session
 
+from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg.compat import apply_updates, v3_metadata_writes
 from lakesink_datasource.iceberg.s3_region import settle_s3_region
 
@@ -109,6 +110,7 @@ def commit(table: Table, requirements: tuple[TableRequirement, ...], updates: tu
             table.io.delete(location)  # the swap was refused: nothing references it
             raise CommitFailedException(f"Table has been updated by another process: {identifier}")
         session.commit()
+    fault_point("catalog_updated")  # tests: the UPDATE landed, its answer is lost
     response = CommitTableResponse(metadata=new, metadata_location=location)
     _remember(catalog, Table(table.name(), metadata=new, metadata_location=location, io=table.io, catalog=catalog))
     return response

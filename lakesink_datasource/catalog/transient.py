@@ -97,6 +97,16 @@ def is_transient(exc: BaseException) -> bool:
     return outage.is_transient_io(exc) and not isinstance(exc, outage.StoreUnavailable)
 
 
+def is_answer_lost(exc: BaseException) -> bool:
+    """Whether a commit that failed with `exc` may have landed all the same: the catalog may
+    have applied it before its answer was lost (a 5xx, a timeout, a reset or dropped
+    connection) or said it does not know (Iceberg's CommitStateUnknownException). Only the
+    table, read again, can tell; until then none of the commit's files may be deleted."""
+    from pyiceberg.exceptions import CommitStateUnknownException
+
+    return isinstance(exc, CommitStateUnknownException) or is_transient(exc)
+
+
 def is_locked(exc: BaseException) -> bool:
     """A transient error that says another client holds the catalog's database (a lock), as
     opposed to the catalog being away (restarting, unreachable)."""

@@ -17,8 +17,9 @@ from pyiceberg.table import Table
 
 from lakesink_datasource.commit.cleanup import delete_files, dropped_metadata_files
 from lakesink_datasource.commit.data_files import data_file
+from lakesink_datasource.commit.lost_answer import swap_settled
 from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
-from lakesink_datasource.commit.swap import PreparedCommit, swap_in
+from lakesink_datasource.commit.swap import PreparedCommit
 from lakesink_datasource.iceberg import summary_keys as keys
 from lakesink_datasource.iceberg.partition_key import PartitionKey, partition_path
 from lakesink_datasource.iceberg.properties import TableSettings
@@ -74,12 +75,15 @@ def append_rows(table: Table, rows: pa.Table, *, properties: Mapping[str, str] |
         forget()
         raise
     try:
-        committed = swap_in(table, PreparedCommit(metadata, new_snapshot, properties=dict(properties or {})))
+        committed = swap_settled(
+            table, PreparedCommit(metadata, new_snapshot, properties=dict(properties or {})), what=f"appending to {'.'.join(table.name())}"
+        )
     except CommitFailedException:
         forget()
         raise
-    # Any other error leaves the outcome unknown: the files stay (orphan removal collects
-    # them if the commit did not land), and the error goes up.
+    # Any other error leaves the outcome unknown (an answer lost and the catalog away past
+    # the outage budget): the files stay (orphan removal collects them if the commit did
+    # not land), and the error goes up.
     producer.cleanup(committed_attempt=0)
     delete_files(table.io, dropped_metadata_files(metadata, table.metadata_location, committed.metadata))
     return committed

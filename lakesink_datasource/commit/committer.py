@@ -31,7 +31,7 @@ from pyroaring import BitMap64
 from lakesink_datasource.arrays import unique_sorted
 from lakesink_datasource.catalog import loader, sql_commit
 from lakesink_datasource.catalog.errors import CatalogError, CatalogUnavailable
-from lakesink_datasource.catalog.transient import RetryBudget, first_line, is_locked, is_transient, retrying
+from lakesink_datasource.catalog.transient import RetryBudget, first_line, is_answer_lost, is_locked, is_transient, retrying
 from lakesink_datasource.commit import cleanup
 from lakesink_datasource.commit.data_files import data_file
 from lakesink_datasource.commit.deletion_vectors import PendingDeletes
@@ -416,6 +416,15 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
     races = 0  # swaps lost to other writers
     fresh = True  # `table` is the state the last swap was refused on (else: reload it first)
     attempt_number = -1
+    made: dict[int, tuple[PreparedCommit, Table]] = {}  # each attempt swapped, and the table it was built on
+    lost: set[int] = set()  # attempts whose answer was lost: they may have landed
+
+    def forget() -> None:
+        # Nothing of this commit landed as far as a table state read after it says: its
+        # files go, except those of attempts whose answer was lost (they may still land,
+        # or have landed and been expired since, their manifests carried by later commits).
+        producer.cleanup(committed_attempt=None, keep=lost)
+
     while True:
         attempt_number += 1
         if attempt_number:
@@ -442,12 +451,21 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
                     break
                 continue
             fresh = True
+            landed = _landed_attempt(producer, table.metadata)
+            if landed is not None:
+                # An attempt whose answer was lost did land: it is this batch's commit.
+                log.warning(
+                    "lakesink: commit attempt %d of %s landed although its answer was lost; its files are kept",
+                    landed + 1, plan.identifier,
+                )
+                prepared, before = made[landed]
+                return _committed(plan, producer, prepared, table, before, landed, batch_id, stats, delta, started, attempt_number)
             if idempotency.is_epoch_committed(table.metadata, query_id, batch_id) or idempotency.is_txn_committed(
                 table.metadata, *txn
             ) or any(
                 idempotency.is_write_committed(table.metadata, w, planned_snapshot_id, plan.options.branch) for w in write_ids
             ):
-                producer.cleanup(committed_attempt=None)
+                forget()
                 return CommitOutcome(None, "committed concurrently", attempt_number, stats)
         fault_point("before_commit", batch_id)
         extra[keys.COMMIT_PREPARE_SECONDS] = f"{time.perf_counter() - started:.3f}"
@@ -456,10 +474,11 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
                 producer, plan, table, attempt_number, extra, query_id, batch_id, written_schema, written_spec, tombstone_max
             )
         except ConflictError as exc:
-            producer.cleanup(committed_attempt=None)
+            forget()
             raise CommitError(str(exc), exc.kind) from exc
         if producer.last.redecision is not None and producer.last.redecision.keys:
             fault_point("keys_redecided", batch_id)  # tests: a crash between the decision and the swap
+        made[attempt_number] = (attempt, table)
         try:
             committed = swap_in(table, attempt)
         except CommitFailedException as exc:
@@ -467,11 +486,12 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
             races += 1
             log.info("lakesink: commit attempt %d lost a race (%s); retrying on the new table state", attempt_number + 1, exc)
         except Exception as exc:
-            if not is_transient(exc):
-                producer.cleanup(committed_attempt=None)
+            if not is_answer_lost(exc):
+                forget()
                 raise
-            # The swap may or may not have landed (a reply lost on the way back): the table,
-            # reloaded before the next attempt, says which by this write's id.
+            # The swap may or may not have landed (an answer lost on the way back): its files
+            # stay until the table, reloaded before the next attempt, says which attempt landed.
+            lost.add(attempt_number)
             unavailable = exc
             log.warning("lakesink: commit attempt %d: %s did not answer (%s)", attempt_number + 1, catalog_name, first_line(exc))
         else:
@@ -491,20 +511,31 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
             "a batch that did land is recognised and not written twice",
             unavailable, attempt_number + 1,
         ) from unavailable
-    producer.cleanup(committed_attempt=None)
+    forget()
     raise CommitError(
         f"could not commit to {plan.identifier} after {attempts} attempts: other writers kept committing first "
         f"(raise table property commit.retry.num-retries, now {settings.commit_num_retries}, to wait longer)"
     )
 
 
+def _landed_attempt(producer: SnapshotProducer, metadata: TableMetadata) -> int | None:
+    """The attempt of `producer` that the table holds (its answer was lost), or None."""
+    for snapshot in metadata.snapshots:
+        if snapshot.snapshot_id == producer.snapshot_id:
+            return producer.attempt_of(snapshot)
+    return None
+
+
 def _committed(
     plan: WritePlan, producer: SnapshotProducer, attempt: PreparedCommit, committed: Table, table: Table,
     attempt_number: int, batch_id: int | None, stats: TaskStats, delta: RowDelta, started: float,
+    attempts_made: int | None = None,
 ) -> CommitOutcome:
-    """What follows a landed commit: the lost attempts' files and what the commit made
-    unreferenced deleted, the outcome logged."""
+    """What follows a landed commit (`attempt_number`, of `attempts_made` attempts): the other
+    attempts' files and what the commit made unreferenced deleted, the outcome logged.
+    `committed`: a table state read after the commit, which holds it."""
     producer.cleanup(committed_attempt=attempt_number)
+    made = attempt_number + 1 if attempts_made is None else attempts_made
     fault_point("after_commit", batch_id)
     snapshot = attempt.snapshot
     assert snapshot is not None  # a batch commit always adds one
@@ -515,7 +546,7 @@ def _committed(
         "event": "commit", "snapshot_id": snapshot.snapshot_id,
         "operation": snapshot.summary.operation.value if snapshot.summary else "?", "batch": batch_id,
         "rows_in": stats.rows_in, "rows_written": stats.rows_written, "rows_deleted": stats.rows_deleted,
-        "data_files": len(delta.added_data_files), "dvs": dvs, "bytes": stats.bytes_written, "attempts": attempt_number + 1,
+        "data_files": len(delta.added_data_files), "dvs": dvs, "bytes": stats.bytes_written, "attempts": made,
         "partition_s": stats.partition_seconds, "index_s": stats.index_seconds, "write_s": stats.write_seconds,
         "commit_s": seconds, "expired_snapshots": len(attempt.expired), "files_removed": removed,
         "keys_redecided": producer.last.redecision.keys if producer.last.redecision is not None else 0,
@@ -531,7 +562,7 @@ def _committed(
         event, extra={"lakesink_event": event},
     )
     return CommitOutcome(
-        snapshot.snapshot_id, None, attempt_number + 1, stats, committed, data_files=len(delta.added_data_files),
+        snapshot.snapshot_id, None, made, stats, committed, data_files=len(delta.added_data_files),
         deletion_vectors=dvs, rows_hidden=sum(len(p.positions) for p in delta.position_deletes.values()),
         seconds=seconds, expired_snapshots=len(attempt.expired), files_removed=removed,
         replaced=_describe_replaced(producer, snapshot),

@@ -428,11 +428,25 @@ class SnapshotProducer:
     def _partition_path(base: TableMetadata, f: DataFile) -> str:
         return base.specs()[f.spec_id].partition_to_path(f.partition, base.schema())
 
-    def cleanup(self, committed_attempt: int | None) -> None:
+    def attempt_of(self, snapshot: Snapshot) -> int | None:
+        """Which of this producer's attempts `snapshot` is (every attempt shares the snapshot
+        id; each writes its own manifest list), or None if it is none of them."""
+        if snapshot.snapshot_id != self.snapshot_id:
+            return None
+        for attempt, locations in self._written.items():
+            if attempt >= 0 and snapshot.manifest_list in locations:
+                return attempt
+        return None
+
+    def cleanup(self, committed_attempt: int | None, keep: Set[int] = frozenset()) -> None:
         """Delete the files no committed snapshot references: every attempt's but the
-        committed one's (and the shared added manifests when nothing committed)."""
+        committed one's (and the shared added manifests when nothing committed). `keep`:
+        attempts whose commit's answer was lost and that may still have landed: their files,
+        and the shared ones, stay (orphan removal collects them if they did not)."""
         for attempt, locations in self._written.items():
             if committed_attempt is not None and attempt in (-1, committed_attempt):
+                continue
+            if keep and (attempt == -1 or attempt in keep):
                 continue
             for location in locations:
                 try:

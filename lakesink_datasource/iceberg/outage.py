@@ -16,6 +16,7 @@ commits, a task when it starts. While waiting, a line on stderr says what on and
 from __future__ import annotations
 
 import random
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -71,6 +72,31 @@ _TRANSIENT = (
 )
 
 
+# pyarrow's S3 client names the AWS SDK's error type in its messages ("AWS Error SLOW_DOWN
+# during PutObject operation: Please reduce your request rate."; an UNKNOWN one with its
+# HTTP status): classified by that code, not by the wording around it.
+_AWS_ERROR = re.compile(r"AWS Error ([A-Z_]+)")
+_HTTP_STATUS = re.compile(r"HTTP (?:status|response)(?: code)?:? ?(\d{3})", re.IGNORECASE)
+TRANSIENT_AWS_ERRORS = frozenset({
+    "SLOW_DOWN", "SERVICE_UNAVAILABLE", "THROTTLING", "THROTTLING_EXCEPTION", "REQUEST_LIMIT_EXCEEDED",
+    "PROVISIONED_THROUGHPUT_EXCEEDED", "TOO_MANY_REQUESTS", "REQUEST_TIMEOUT", "INTERNAL_FAILURE", "INTERNAL_ERROR",
+    "NETWORK_CONNECTION", "REQUEST_TIME_TOO_SKEWED",
+})
+_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def aws_error_transient(message: str) -> bool | None:
+    """Whether the AWS error `message` names passes by itself; None if it names none."""
+    found = _AWS_ERROR.search(message)
+    if found is None:
+        return None
+    code = found.group(1)
+    if code in TRANSIENT_AWS_ERRORS:
+        return True
+    status = _HTTP_STATUS.search(message)
+    return status is not None and int(status.group(1)) in _TRANSIENT_STATUS
+
+
 class StoreUnavailable(OSError):
     """The object store kept failing past the outage budget."""
 
@@ -82,6 +108,9 @@ def is_transient_io(exc: BaseException) -> bool:
         return True
     if not isinstance(exc, OSError) or isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
         return False
+    by_code = aws_error_transient(str(exc))
+    if by_code is not None:
+        return by_code
     message = str(exc).lower()
     if "nosuchkey" in message or "not found" in message or "access denied" in message or "forbidden" in message:
         return False

@@ -26,8 +26,9 @@ from pyiceberg.table import Table
 
 from lakesink_datasource.commit.cleanup import delete_files, dropped_metadata_files
 from lakesink_datasource.commit.data_files import data_file
+from lakesink_datasource.commit.lost_answer import swap_settled
 from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
-from lakesink_datasource.commit.swap import PreparedCommit, swap_in
+from lakesink_datasource.commit.swap import PreparedCommit
 from lakesink_datasource.commit.validation import ConflictError, validate_no_new_equality_deletes
 from lakesink_datasource.compaction.carried import read_file
 from lakesink_datasource.compaction.choice import plan_for
@@ -167,14 +168,15 @@ def _land(
             return None, f"the table changed while compacting ({exc})"
         raise
     try:
-        committed = swap_in(table, PreparedCommit(metadata, new_snapshot))
+        committed = swap_settled(table, PreparedCommit(metadata, new_snapshot), what=f"compaction of {'.'.join(table.name())}")
     except CommitFailedException as exc:
         # The swap was refused: nothing references the new files.
         producer.cleanup(committed_attempt=None)
         delete_outputs()
         return None, f"another commit landed first ({exc})"
-    # Any other error leaves the commit's outcome unknown: the files stay (orphan-file
-    # removal collects them if it did not land), the error goes up.
+    # Any other error leaves the commit's outcome unknown (an answer lost and the catalog
+    # away past the outage budget): the files stay (orphan-file removal collects them if it
+    # did not land), the error goes up.
     producer.cleanup(committed_attempt=0)
     fault_point("after_compaction_commit", batch_id)
     delete_files(table.io, dropped_metadata_files(metadata, table.metadata_location, committed.metadata))

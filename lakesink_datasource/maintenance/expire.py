@@ -14,7 +14,8 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
 from lakesink_datasource.commit.cleanup import delete_files, dropped_metadata_files
-from lakesink_datasource.commit.swap import PreparedCommit, swap_in
+from lakesink_datasource.commit.lost_answer import swap_settled
+from lakesink_datasource.commit.swap import PreparedCommit
 from lakesink_datasource.iceberg.expiry import snapshots_to_expire, unreachable_files
 from lakesink_datasource.iceberg.properties import TableSettings
 from lakesink_datasource.table.tombstone_table import SUFFIX, unstored_tombstone_snapshots
@@ -55,7 +56,7 @@ def expire_snapshots(
         if dry_run or not expired:
             return ExpiryResult(len(expired), len(gone), kept)
         try:
-            committed = swap_in(table, PreparedCommit(metadata, None, expired=expired))
+            committed = swap_settled(table, PreparedCommit(metadata, None, expired=expired), what=f"expiring snapshots of {identifier}")
         except CommitFailedException:
             table = table.refresh()  # someone committed first: decide again on the new state
             continue
