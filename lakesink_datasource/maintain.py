@@ -41,6 +41,7 @@ from lakesink_datasource.catalog.table_args import (
     check_table_arguments,
     open_table_or_report,
 )
+from lakesink_datasource.iceberg.gc import GcDisabled, refuse_deleting
 from lakesink_datasource.iceberg.properties import TableSettings
 from lakesink_datasource.maintenance.compaction import CompactionResult, compact, plan_for
 from lakesink_datasource.maintenance.expire import ExpiryResult, expire_snapshots
@@ -103,6 +104,10 @@ def maintain_table(
     """Run one maintenance action (`compact`, `expire`, `remove-orphans` or `all`)."""
     if action not in ACTIONS:
         raise ValueError(f"unknown action {action!r}: use one of {', '.join(ACTIONS)}")
+    if action != "compact":
+        # Before compacting too: `all` on such a table does nothing rather than half of it.
+        refuse_deleting(table.metadata.properties, ".".join(table.name()), "expire snapshots or remove orphan files"
+                        if action == "all" else ("expire snapshots" if action == "expire" else "remove orphan files"))
     report = MaintenanceReport(dry_run)
     bar: Callable[[str, int, str], _ProgressBar] = lambda label, total, unit: _ProgressBar(label, total, unit, progress_to)  # noqa: E731
     if action in ("compact", "all"):
@@ -228,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             orphan_min_age_ms=None if args.orphan_min_age_hours is None else int(args.orphan_min_age_hours * hours),
             progress_to=sys.stderr if sys.stderr.isatty() else None,
         )
-    except LocationShared as exc:
+    except (LocationShared, GcDisabled) as exc:
         print(f"{args.table}: refused: {exc}", file=sys.stderr)
         return 2
     print(f"{args.table}{' (dry run: nothing changed)' if args.dry_run else ''}")

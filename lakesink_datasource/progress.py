@@ -96,6 +96,8 @@ def describe_batch(
         line += f" | key index {outcome.index_starts}"
     if outcome.expired_snapshots:
         line += f" | expired {outcome.expired_snapshots} snapshots"
+    if outcome.note is not None:
+        line += f" | {outcome.note}"
     if compaction is not None and compaction.snapshot_id is not None:
         line += f" | compacted {compaction.files_rewritten + compaction.files_dropped} files into {compaction.files_written} ({compaction.seconds:.2f} s)"
     return line

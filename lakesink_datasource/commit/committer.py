@@ -47,6 +47,7 @@ from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg import outage
 from lakesink_datasource.iceberg import summary_keys as keys
 from lakesink_datasource.iceberg.expiry import snapshots_to_expire
+from lakesink_datasource.iceberg.gc import GC_OFF_NOTE, gc_enabled
 from lakesink_datasource.iceberg.live_files import live_data_files
 from lakesink_datasource.iceberg.partition_key import decode_partition
 from lakesink_datasource.iceberg.properties import TOMBSTONE_MAX_SEQUENCE, TableSettings
@@ -87,6 +88,7 @@ class CommitOutcome:
     replaced: str | None = None  # an overwrite: what it replaced, in words
     index_starts: str | None = None  # hosts whose key index started over for this batch, and why
     keys_redecided: int = 0  # keys shared with concurrent commits, decided at commit
+    note: str | None = None  # what maintenance did not do, said once (gc.enabled=false)
 
 
 def _sum_stats(results: list[TaskResult]) -> TaskStats:
@@ -197,13 +199,16 @@ def _refuse_keys_across_a_rebuilt_index(results: list[TaskResult]) -> None:
 
 
 def _pending_properties(
-    plan: WritePlan, base: TableMetadata, query_id: str | None, batch_id: int | None, tombstone_max: bytes | None = None
+    plan: WritePlan, base: TableMetadata, query_id: str | None, batch_id: int | None, tombstone_max: bytes | None = None,
+    note: str | None = None,
 ) -> dict[str, str]:
     """Table properties this commit sets: the write's `property.<key>` options that differ from
     the table's, the query's last committed epoch (replay detection that survives expiry),
     and the highest sequence a delete of the table ever carried (a key index rebuilt without
     the stored tombstones must assume one up to it, see index/reindex.py)."""
     wanted = dict(plan.options.table_properties)
+    if note is not None:
+        wanted[keys.MAINTENANCE_NOTE] = note
     if tombstone_max is not None:
         recorded = base.properties.get(TOMBSTONE_MAX_SEQUENCE)
         if recorded is None or bytes.fromhex(recorded) < tombstone_max:
@@ -286,15 +291,19 @@ def _attempt(
     if spec_id is not None:
         layout_changes += default_spec_updates(base, spec_id)
     snapshot = producer.produce(base, attempt, extra, schema=schema)
+    note = extra.get(keys.MAINTENANCE_NOTE)
     return PreparedCommit(
-        base, snapshot, _pending_properties(plan, base, query_id, batch_id, tombstone_max), expired, plan.options.branch, layout_changes
+        base, snapshot, _pending_properties(plan, base, query_id, batch_id, tombstone_max, note), expired, plan.options.branch,
+        layout_changes,
     )
 
 
 def _after_commit(table: Table, before: Table, attempt: PreparedCommit) -> int:
-    """Delete what the commit made unreferenced; returns how many files went."""
+    """Delete what the commit made unreferenced; returns how many files went. On a table
+    with gc.enabled=false the expired snapshots' files stay (another table may share them);
+    the metadata files it dropped from its log are its own and go."""
     deleted = cleanup.delete_files(table.io, cleanup.dropped_metadata_files(before.metadata, before.metadata_location, table.metadata))
-    if attempt.expired:
+    if attempt.expired and gc_enabled(attempt.base.properties):
         deleted += len(cleanup.expire(table.io, attempt.base, attempt.expired, attempt.snapshot))
     return deleted
 
@@ -407,6 +416,9 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
             extra[keys.INDEX_STARTS] = "; ".join(starts)
     tombstone_max = max((r.tombstone_max_sequence for r in results if r.tombstone_max_sequence is not None), default=None)
     settings = _write_settings(plan, metadata)
+    note = _maintenance_note(plan, metadata, settings)
+    if note is not None:
+        extra[keys.MAINTENANCE_NOTE] = note
     outage.set_budget(settings.outage_timeout_ms)
     budget = RetryBudget.of(settings)
     deadline = time.monotonic() + settings.commit_total_retry_time_ms / 1000
@@ -518,6 +530,15 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
     )
 
 
+def _maintenance_note(plan: WritePlan, metadata: TableMetadata, settings: TableSettings) -> str | None:
+    """GC_OFF_NOTE when maintenance runs on a gc.enabled=false table that has not been told
+    yet: the table property of the same name records that it was (snapshot summaries
+    expire), so the table and the progress line say it once."""
+    if plan.options.maintenance == "off" or settings.gc_enabled:
+        return None
+    return None if metadata.properties.get(keys.MAINTENANCE_NOTE) == GC_OFF_NOTE else GC_OFF_NOTE
+
+
 def _landed_attempt(producer: SnapshotProducer, metadata: TableMetadata) -> int | None:
     """The attempt of `producer` that the table holds (its answer was lost), or None."""
     for snapshot in metadata.snapshots:
@@ -568,6 +589,7 @@ def _committed(
         replaced=_describe_replaced(producer, snapshot),
         index_starts=(snapshot.summary.additional_properties.get(keys.INDEX_STARTS) if snapshot.summary else None),
         keys_redecided=producer.last.redecision.keys if producer.last.redecision is not None else 0,
+        note=snapshot.summary.additional_properties.get(keys.MAINTENANCE_NOTE) if snapshot.summary else None,
     )
 
 

@@ -33,6 +33,9 @@ PARQUET_DICT_SIZE_BYTES: Final = "write.parquet.dict-size-bytes"
 AVRO_COMPRESSION: Final = "write.avro.compression-codec"
 METADATA_PREVIOUS_VERSIONS_MAX: Final = "write.metadata.previous-versions-max"
 METADATA_DELETE_AFTER_COMMIT: Final = "write.metadata.delete-after-commit.enabled"
+# False on a table whose files another table may share (Iceberg's `snapshot` procedure,
+# `add_files`): no file a snapshot referenced is ever deleted by maintenance.
+GC_ENABLED: Final = "gc.enabled"
 DATA_PATH: Final = "write.data.path"
 METADATA_PATH: Final = "write.metadata.path"
 MANIFEST_MERGE_ENABLED: Final = "commit.manifest-merge.enabled"
@@ -124,6 +127,7 @@ class TableSettings:
     avro_codec: AvroCodec  # the Avro container's codec name
     metadata_previous_versions_max: int
     metadata_delete_after_commit: bool
+    gc_enabled: bool
     manifest_merge_enabled: bool
     manifest_min_merge_count: int
     manifest_target_size_bytes: int
@@ -159,6 +163,7 @@ class TableSettings:
             avro_codec=AVRO_CODECS[_choice(props, AVRO_COMPRESSION, "gzip", AVRO_CODECS)],
             metadata_previous_versions_max=_int(props, METADATA_PREVIOUS_VERSIONS_MAX, 100, minimum=1),
             metadata_delete_after_commit=_bool(props, METADATA_DELETE_AFTER_COMMIT, False),
+            gc_enabled=_bool(props, GC_ENABLED, True),
             manifest_merge_enabled=_bool(props, MANIFEST_MERGE_ENABLED, True),
             manifest_min_merge_count=_int(props, MANIFEST_MIN_MERGE_COUNT, 100, minimum=1),
             manifest_target_size_bytes=_int(props, MANIFEST_TARGET_SIZE_BYTES, 8 * 1024 * 1024, minimum=1),

@@ -29,6 +29,10 @@ TASKS = "lakesink.tasks"
 # Hosts whose key index started over for this batch (a rebuild from the table or a published
 # copy), with why: "<host>: rebuilt (reason); ...". Absent when every index was followed.
 INDEX_STARTS = "lakesink.index-starts"
+# What maintenance does not do on this table and why (gc.enabled=false): in the summary of
+# the first batch that found it so, and as a table property of the same name that keeps it
+# from being said again (summaries expire).
+MAINTENANCE_NOTE = "lakesink.maintenance-note"
 ENGINE_NAME = "engine-name"
 TOTAL_DATA_FILES = "total-data-files"  # Iceberg's own: live data files after the snapshot
 ENGINE_VERSION = "engine-version"

@@ -97,6 +97,8 @@ def maintain_after_commit(
 
 
 def _maybe_remove_orphans(table: Table, settings: TableSettings) -> None:
+    if not settings.gc_enabled:
+        return  # the table's files may be another table's (iceberg/gc.py); the progress line said so
     uuid = str(table.metadata.table_uuid)
     now = time.monotonic()
     with _orphan_lock:

@@ -17,6 +17,7 @@ from lakesink_datasource.commit.cleanup import delete_files, dropped_metadata_fi
 from lakesink_datasource.commit.lost_answer import swap_settled
 from lakesink_datasource.commit.swap import PreparedCommit
 from lakesink_datasource.iceberg.expiry import snapshots_to_expire, unreachable_files
+from lakesink_datasource.iceberg.gc import refuse_deleting
 from lakesink_datasource.iceberg.properties import TableSettings
 from lakesink_datasource.table.tombstone_table import SUFFIX, unstored_tombstone_snapshots
 
@@ -39,7 +40,9 @@ def expire_snapshots(
     table: Table, *, max_age_ms: int | None = None, dry_run: bool = False, now_ms: int | None = None
 ) -> ExpiryResult:
     """Expire what the table's retention (or `max_age_ms`, when given) allows. (A keyed
-    table's tombstones are stored in its companion table before: `maintain` does that.)"""
+    table's tombstones are stored in its companion table before: `maintain` does that.)
+    Refused (GcDisabled) on a table with gc.enabled=false, as Iceberg Java refuses it."""
+    refuse_deleting(table.metadata.properties, ".".join(table.name()), "expire snapshots")
     for _ in range(_ATTEMPTS):
         metadata = table.metadata
         settings = TableSettings.of_table(metadata)

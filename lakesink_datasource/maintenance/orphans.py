@@ -24,6 +24,7 @@ from pyiceberg.table import Table
 
 from lakesink_datasource.commit.cleanup import delete_files
 from lakesink_datasource.errors import LakesinkError
+from lakesink_datasource.iceberg.gc import refuse_deleting
 from lakesink_datasource.iceberg.listing import list_files
 from lakesink_datasource.iceberg.manifest_list import read_manifest_list
 from lakesink_datasource.iceberg.manifests import read_entries
@@ -88,7 +89,9 @@ def remove_orphans(
     """Find (and unless `dry_run`, delete) the table's orphan files older than `min_age_ms`.
     Lists through the table's own FileIO (its store's endpoint and credentials). Refuses
     (LocationShared, nothing removed) when the location holds another table's metadata:
-    that table's files are not this table's orphans."""
+    that table's files are not this table's orphans; and (GcDisabled) on a table with
+    gc.enabled=false, whose location may hold files another table references."""
+    refuse_deleting(table.metadata.properties, ".".join(table.name()), "remove orphan files")
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     referenced = referenced_files(table.io, table)
     scan = OrphanScan()

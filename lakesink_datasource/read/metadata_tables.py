@@ -163,6 +163,7 @@ LAKESINK_HISTORY_SCHEMA = pa.schema([
     pa.field("write_seconds", pa.float64()),
     pa.field("hosts", pa.string()),
     pa.field("index_starts", pa.string()),
+    pa.field("maintenance_note", pa.string()),
 ])
 
 
@@ -208,6 +209,7 @@ def lakesink_history(table: Table) -> pa.Table:
             "write_seconds": _float(summary, keys.WRITE_SECONDS),
             "hosts": summary.get(keys.HOSTS),
             "index_starts": summary.get(keys.INDEX_STARTS),
+            "maintenance_note": summary.get(keys.MAINTENANCE_NOTE),
         })
     return pa.Table.from_pylist(rows, schema=LAKESINK_HISTORY_SCHEMA)
 
