@@ -150,7 +150,7 @@ def test_maintain_refuses_to_delete_and_names_the_property(
     assert "gc.enabled=false" in err and "nothing was deleted" in err
     assert load(warehouse, "db.b").metadata_location == before  # nothing changed
     table = load(warehouse, "db.b")
-    with pytest.raises(GcDisabled, match="gc.enabled"):
+    with pytest.raises(GcDisabled, match=r"gc\.enabled"):
         expire_snapshots(table, max_age_ms=0)
-    with pytest.raises(GcDisabled, match="gc.enabled"):
+    with pytest.raises(GcDisabled, match=r"gc\.enabled"):
         remove_orphans(table, min_age_ms=0)
