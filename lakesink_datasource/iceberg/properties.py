@@ -36,6 +36,12 @@ METADATA_DELETE_AFTER_COMMIT: Final = "write.metadata.delete-after-commit.enable
 # False on a table whose files another table may share (Iceberg's `snapshot` procedure,
 # `add_files`): no file a snapshot referenced is ever deleted by maintenance.
 GC_ENABLED: Final = "gc.enabled"
+# Parquet Bloom filters, per column (Iceberg's names and defaults).
+BLOOM_ENABLED_PREFIX: Final = "write.parquet.bloom-filter-enabled.column."
+BLOOM_FPP_PREFIX: Final = "write.parquet.bloom-filter-fpp.column."
+BLOOM_MAX_BYTES: Final = "write.parquet.bloom-filter-max-bytes"
+DEFAULT_BLOOM_FPP: Final = 0.01
+DEFAULT_BLOOM_MAX_BYTES: Final = 1024 * 1024
 DATA_PATH: Final = "write.data.path"
 METADATA_PATH: Final = "write.metadata.path"
 MANIFEST_MERGE_ENABLED: Final = "commit.manifest-merge.enabled"
@@ -112,6 +118,25 @@ def _choice(props: Mapping[str, str], name: str, default: str, choices: tuple[st
     return value
 
 
+def _bloom_filters(props: Mapping[str, str]) -> dict[str, float]:
+    """Columns with `write.parquet.bloom-filter-enabled.column.<name>=true`, each with its
+    `write.parquet.bloom-filter-fpp.column.<name>` (default 0.01)."""
+    out: dict[str, float] = {}
+    for key in props:
+        if key.startswith(BLOOM_ENABLED_PREFIX) and _bool(props, key, False):
+            column = key[len(BLOOM_ENABLED_PREFIX):]
+            fpp_key = BLOOM_FPP_PREFIX + column
+            raw = props.get(fpp_key)
+            try:
+                fpp = DEFAULT_BLOOM_FPP if raw is None else float(raw)
+            except ValueError:
+                fpp = -1.0
+            if not 0.0 < fpp < 1.0:
+                raise PropertyError(fpp_key, f"must be a probability between 0 and 1 (exclusive), got {raw!r}")
+            out[column] = fpp
+    return out
+
+
 @dataclass(frozen=True)
 class TableSettings:
     """The table's properties parsed, with Iceberg's defaults (and lakesink's for its own)."""
@@ -128,6 +153,8 @@ class TableSettings:
     metadata_previous_versions_max: int
     metadata_delete_after_commit: bool
     gc_enabled: bool
+    bloom_filters: dict[str, float]  # column name -> false-positive probability
+    bloom_filter_max_bytes: int
     manifest_merge_enabled: bool
     manifest_min_merge_count: int
     manifest_target_size_bytes: int
@@ -164,6 +191,8 @@ class TableSettings:
             metadata_previous_versions_max=_int(props, METADATA_PREVIOUS_VERSIONS_MAX, 100, minimum=1),
             metadata_delete_after_commit=_bool(props, METADATA_DELETE_AFTER_COMMIT, False),
             gc_enabled=_bool(props, GC_ENABLED, True),
+            bloom_filters=_bloom_filters(props),
+            bloom_filter_max_bytes=_int(props, BLOOM_MAX_BYTES, DEFAULT_BLOOM_MAX_BYTES, minimum=1),
             manifest_merge_enabled=_bool(props, MANIFEST_MERGE_ENABLED, True),
             manifest_min_merge_count=_int(props, MANIFEST_MIN_MERGE_COUNT, 100, minimum=1),
             manifest_target_size_bytes=_int(props, MANIFEST_TARGET_SIZE_BYTES, 8 * 1024 * 1024, minimum=1),

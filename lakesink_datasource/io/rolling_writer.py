@@ -36,7 +36,7 @@ import errno
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -49,6 +49,7 @@ from pyiceberg.schema import Schema
 
 from lakesink_datasource.iceberg.partition_key import PartitionKey
 from lakesink_datasource.iceberg.properties import TableSettings
+from lakesink_datasource.io.bloom_filters import bloom_filter_options
 from lakesink_datasource.io.metrics import add_counts, count_nans, data_file_message
 from lakesink_datasource.messages import DataFileMessage
 
@@ -198,6 +199,8 @@ class PartitionedParquetWriter:
             page_bytes=settings.parquet_page_bytes,
             dictionary_bytes=settings.parquet_dictionary_bytes,
             max_open_files=max_open_files,
+            bloom_filters=settings.bloom_filters,
+            bloom_filter_max_bytes=settings.bloom_filter_max_bytes,
         )
 
     def __init__(
@@ -217,6 +220,8 @@ class PartitionedParquetWriter:
         page_bytes: int = 1024 * 1024,
         dictionary_bytes: int = 256 * 1024,
         max_open_files: int | None = None,
+        bloom_filters: Mapping[str, float] | None = None,
+        bloom_filter_max_bytes: int = 1024 * 1024,
     ) -> None:
         if min(target_file_size, row_group_bytes, buffer_limit_bytes) <= 0:
             raise ValueError("target_file_size, row_group_bytes and buffer_limit_bytes must be positive")
@@ -236,6 +241,7 @@ class PartitionedParquetWriter:
         self._page_bytes = page_bytes
         self._dictionary_bytes = dictionary_bytes
         self._max_open_files = max_open_files
+        self._bloom_filters = bloom_filter_options(bloom_filters or {}, bloom_filter_max_bytes, arrow_schema)
 
         self._partitions: dict[PartitionKey, _Partition] = {}
         # Partitions with an open file, least recently written first (for max_open_files).
@@ -528,6 +534,7 @@ class PartitionedParquetWriter:
                 write_statistics=True,
                 # Iceberg's Parquet mapping stores decimal(P<=18) as INT32/INT64, as Java does.
                 store_decimal_as_integer=True,
+                bloom_filter_options=self._bloom_filters,
             )
         except Exception:
             stream.close()
