@@ -133,6 +133,9 @@ class SnapshotProducer:
         # Metadata files by the attempt that wrote them (-1: the added-file manifests,
         # shared by every attempt), so a lost attempt's files can be removed.
         self._written: dict[int, list[str]] = defaultdict(list)
+        # The manifests each attempt's manifest list names: a shared added manifest that an
+        # attempt merged into a bigger one is named by none once that attempt commits.
+        self._listed: dict[int, set[str]] = {}
         self._attempt = -1
         self.last: _Attempt = _Attempt()
         self._schema: Schema = metadata.schema()
@@ -174,6 +177,7 @@ class SnapshotProducer:
             settings=self._settings,
             write_merged=lambda spec_id, content, added, existing, deleted: self._write_merged(base, spec_id, content, added, existing, deleted),
         )
+        self._listed[attempt] = {m.manifest_path for m in manifests}
         return self._snapshot(base, attempt, manifests, state.counts, extra_summary)
 
     def _parent(self, base: TableMetadata) -> Snapshot | None:
@@ -440,13 +444,19 @@ class SnapshotProducer:
 
     def cleanup(self, committed_attempt: int | None, keep: Set[int] = frozenset()) -> None:
         """Delete the files no committed snapshot references: every attempt's but the
-        committed one's (and the shared added manifests when nothing committed). `keep`:
+        committed one's, and the shared added manifests its manifest list does not name (all
+        of them when nothing committed). `keep`:
         attempts whose commit's answer was lost and that may still have landed: their files,
         and the shared ones, stay (orphan removal collects them if they did not)."""
         for attempt, locations in self._written.items():
-            if committed_attempt is not None and attempt in (-1, committed_attempt):
+            if committed_attempt is not None and attempt == committed_attempt:
                 continue
-            if keep and (attempt == -1 or attempt in keep):
+            if committed_attempt is not None and attempt == -1:
+                # The shared added manifests the committed snapshot does not name (merged
+                # into another manifest): nothing references them.
+                listed = self._listed.get(committed_attempt)
+                locations = [] if listed is None else [path for path in locations if path not in listed]
+            elif keep and (attempt == -1 or attempt in keep):
                 continue
             for location in locations:
                 try:
