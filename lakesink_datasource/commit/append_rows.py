@@ -45,8 +45,7 @@ def append_rows(table: Table, rows: pa.Table, *, properties: Mapping[str, str] |
     prefix = uuid.uuid4().hex
 
     def path_for(key: PartitionKey, n: int) -> str:
-        folder = partition_path(spec, schema, key)
-        return f"{settings.data_path}/{folder + '/' if folder else ''}{prefix}-{n:05d}.parquet"
+        return settings.data_locations.of(partition_path(spec, schema, key), f"{prefix}-{n:05d}.parquet")
 
     writer = PartitionedParquetWriter.for_table(
         settings, io=table.io, iceberg_schema=schema, arrow_schema=target, spec_id=spec.spec_id,

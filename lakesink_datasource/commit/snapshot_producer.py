@@ -254,13 +254,13 @@ class SnapshotProducer:
         live = live_position_deletes(self._io, self._parent(base))
         if base.format_version < 3:
             def location_for(n: int) -> str:
-                location = f"{self._data_dir}/{self._commit_uuid}-{self._attempt}-{n:05d}-deletes.parquet"
+                location = self._settings.data_locations.of("", f"{self._commit_uuid}-{self._attempt}-{n:05d}-deletes.parquet")
                 self._written[self._attempt].append(location)
                 return location
 
             files = write_position_delete_files(self._io, location_for, pending, live, self._settings.parquet_compression)
         else:
-            location = f"{self._data_dir}/{self._commit_uuid}-{self._attempt}-deletes.puffin"
+            location = self._settings.data_locations.of("", f"{self._commit_uuid}-{self._attempt}-deletes.puffin")
             self._written[self._attempt].append(location)
             files = write_deletion_vectors(self._io, location, pending, live, f"lakesink {__version__}").files
         state.deletion_vectors = files

@@ -130,8 +130,7 @@ def rewrite_files(
         prefix = f"{prefix}-{shard.file_tag()}"
 
     def path_for(key: PartitionKey, n: int) -> str:
-        folder = partition_path(spec, schema, key)
-        return f"{settings.data_path}/{folder}/{prefix}-{n:05d}.parquet" if folder else f"{settings.data_path}/{prefix}-{n:05d}.parquet"
+        return settings.data_locations.of(partition_path(spec, schema, key), f"{prefix}-{n:05d}.parquet")
 
     writer = PartitionedParquetWriter.for_table(
         settings,

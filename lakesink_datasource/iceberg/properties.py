@@ -16,6 +16,7 @@ from typing import Final
 from pyiceberg.table.metadata import TableMetadata
 
 from lakesink_datasource.errors import LakesinkError
+from lakesink_datasource.iceberg.locations import DataLocations
 from lakesink_datasource.iceberg.manifests import AvroCodec
 from lakesink_datasource.iceberg.outage import DEFAULT_OUTAGE_MS, OUTAGE_TIMEOUT_MS
 
@@ -42,6 +43,8 @@ BLOOM_FPP_PREFIX: Final = "write.parquet.bloom-filter-fpp.column."
 BLOOM_MAX_BYTES: Final = "write.parquet.bloom-filter-max-bytes"
 DEFAULT_BLOOM_FPP: Final = 0.01
 DEFAULT_BLOOM_MAX_BYTES: Final = 1024 * 1024
+OBJECT_STORAGE_ENABLED: Final = "write.object-storage.enabled"
+OBJECT_STORAGE_PARTITIONED_PATHS: Final = "write.object-storage.partitioned-paths"
 DATA_PATH: Final = "write.data.path"
 METADATA_PATH: Final = "write.metadata.path"
 MANIFEST_MERGE_ENABLED: Final = "commit.manifest-merge.enabled"
@@ -174,6 +177,8 @@ class TableSettings:
     # (iceberg/outage.py): long enough for a restart.
     outage_timeout_ms: int
     data_path: str  # where data (and delete) files go
+    object_storage: bool  # under hashed directories (iceberg/locations.py)
+    object_storage_partitioned_paths: bool
     metadata_path: str  # where manifests, manifest lists and metadata files go
 
     @classmethod
@@ -211,7 +216,13 @@ class TableSettings:
             outage_timeout_ms=_int(props, OUTAGE_TIMEOUT_MS, DEFAULT_OUTAGE_MS, minimum=0),
             data_path=(props.get(DATA_PATH) or f"{location.rstrip('/')}/data").rstrip("/"),
             metadata_path=(props.get(METADATA_PATH) or f"{location.rstrip('/')}/metadata").rstrip("/"),
+            object_storage=_bool(props, OBJECT_STORAGE_ENABLED, False),
+            object_storage_partitioned_paths=_bool(props, OBJECT_STORAGE_PARTITIONED_PATHS, True),
         )
+
+    @property
+    def data_locations(self) -> DataLocations:
+        return DataLocations(self.data_path, self.object_storage, self.object_storage_partitioned_paths)
 
     @classmethod
     def of_table(cls, metadata: TableMetadata) -> TableSettings:

@@ -142,7 +142,6 @@ class _Partition:
     key: PartitionKey
     pieces: list[tuple[_Segment, int, int]] = field(default_factory=list)  # (segment, first row, rows)
     buffered_bytes: float = 0.0  # its share of the segments' bytes (rows x bytes per row)
-    file_index: int = 0  # number of the file rows are currently assigned to
     assigned_rows: int = 0  # rows assigned to that file (written + buffered)
     path: str | None = None  # that file's location, named once per file
     file: _OpenFile | None = None
@@ -253,6 +252,7 @@ class PartitionedParquetWriter:
         self.peak_held_bytes = 0  # the same, with the open files' own memory counted
         self._ratio_hint = _INITIAL_RATIO  # last observed compression ratio, seeds new files
         self._paths: list[str] = []  # every file created, for abort()
+        self._files_named = 0
         self._messages: list[DataFileMessage] = []
         self._closed_rows = 0
         self._closed_bytes = 0
@@ -387,7 +387,10 @@ class PartitionedParquetWriter:
 
     def _current_path(self, part: _Partition) -> str:
         if part.path is None:
-            part.path = self._path_for(part.key, part.file_index)
+            # Numbered across the writer's partitions, not within each: a file's name alone
+            # is unique (the object-store layout may leave the partition out of the path).
+            part.path = self._path_for(part.key, self._files_named)
+            self._files_named += 1
         return part.path
 
     def _roll(self, part: _Partition) -> None:
@@ -395,7 +398,6 @@ class PartitionedParquetWriter:
         self._flush(part)
         if part.file is not None:
             self._close_file(part)
-        part.file_index += 1
         part.assigned_rows = 0
         part.path = None
 

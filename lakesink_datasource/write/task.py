@@ -24,6 +24,7 @@ from pyiceberg.table.metadata import TableMetadata
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg import outage
+from lakesink_datasource.iceberg.locations import DataLocations
 from lakesink_datasource.iceberg.partition_key import PartitionKey, partition_path
 from lakesink_datasource.iceberg.properties import TableSettings, effective_properties
 from lakesink_datasource.iceberg.row_filter import RowFilter, matches, parse_filter
@@ -127,15 +128,14 @@ class _FileNamer:
     a file that a committed snapshot may reference. A routed task's files carry its key
     shard (`KeyRoute.file_tag`), set before its first row is written."""
 
-    def __init__(self, data_dir: str, spec: PartitionSpec, schema: Schema, who: TaskIdentity) -> None:
-        self._dir, self._spec, self._schema = data_dir, spec, schema
+    def __init__(self, locations: DataLocations, spec: PartitionSpec, schema: Schema, who: TaskIdentity) -> None:
+        self._locations, self._spec, self._schema = locations, spec, schema
         self._prefix = f"{who.batch_id if who.batch_id is not None else 0:05d}-{who.partition_id:05d}-{who.attempt}-{uuid.uuid4().hex[:12]}"
         self.tag = ""
 
     def __call__(self, key: PartitionKey, n: int) -> str:
-        part = partition_path(self._spec, self._schema, key)
-        folder = f"{self._dir}/{part}" if part else self._dir
-        return f"{folder}/{self._prefix}{'-' + self.tag if self.tag else ''}-{n:05d}.parquet"
+        name = f"{self._prefix}{'-' + self.tag if self.tag else ''}-{n:05d}.parquet"
+        return self._locations.of(partition_path(self._spec, self._schema, key), name)
 
 
 class ReplaceWhereError(LakesinkError, ValueError):
@@ -209,7 +209,6 @@ def write_task(
     properties = effective_properties(metadata.properties, plan.options.table_properties)
     settings = TableSettings.of(properties, metadata.location)
     outage.set_budget(settings.outage_timeout_ms)  # how long this task waits for a store that is away
-    data_dir = settings.data_path
     writer = PartitionedParquetWriter.for_table(
         settings,
         io=data_io,
@@ -217,7 +216,7 @@ def write_task(
         arrow_schema=arrow_schema,
         spec_id=spec.spec_id,
         table_properties=properties,
-        path_for=(namer := _FileNamer(data_dir, spec, schema, who)),
+        path_for=(namer := _FileNamer(settings.data_locations, spec, schema, who)),
         target_file_size=plan.options.target_file_size_bytes,
         # Each open file holds memory of its own (stream buffer, writer state), so a task
         # keeps at most this many open (the least recently written closes).
@@ -309,7 +308,7 @@ def write_task(
 
     # Named with the host's digest: a host catching up a batch made on several hosts skips
     # its own reports (its index has its own part already).
-    report = f"{data_dir}/{TOMBSTONE_DIR}/{plan.write_id}-{owner_digest(keyed.host)}-{who.partition_id:05d}-{who.attempt}"
+    report = f"{settings.data_path}/{TOMBSTONE_DIR}/{plan.write_id}-{owner_digest(keyed.host)}-{who.partition_id:05d}-{who.attempt}"
     tombstones = keyed.write_tombstones(io, f"{report}.parquet")
     deleted = keyed.write_deleted_keys(io, f"{report}-deleted.parquet")
     return result(
