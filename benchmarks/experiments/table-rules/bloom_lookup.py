@@ -1,0 +1,88 @@
+"""Point lookups on a Bloom-filtered column (issue 45, part 4), measured with DuckDB.
+
+Two tables of the same N rows (even ids in random order, so min/max statistics rule
+nothing out, and an odd id is absent though within every row group's range), written by lakesink's production path in row groups of --row-group-mib, one with
+`write.parquet.bloom-filter-enabled.column.id=true`. For 50 ids present and 50 absent:
+the row groups DuckDB's Bloom probe rules out, and the median time of
+`SELECT count(*) FROM read_parquet(files) WHERE id = ?` (DuckDB 1.5 reads the filters
+when it scans). Prints a Markdown table.
+
+usage: python benchmarks/experiments/table-rules/bloom_lookup.py [--rows 4000000] [--row-group-mib 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import types as T
+
+from lakesink_datasource.commit.committer import commit_write
+from lakesink_datasource.iceberg.live_files import live_data_files
+from lakesink_datasource.locate import metadata_location
+from lakesink_datasource.messages import decode_messages
+from lakesink_datasource.options import parse_options
+from lakesink_datasource.table.setup import plan_write
+from lakesink_datasource.write.task import TaskIdentity, write_task
+
+SCHEMA = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.StringType())])
+ARROW = pa.schema([("id", pa.int64()), ("v", pa.string())])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=4_000_000)
+    parser.add_argument("--row-group-mib", type=int, default=4)
+    args = parser.parse_args()
+    rng = np.random.default_rng(11)
+    ids = rng.permutation(args.rows).astype(np.int64) * 2  # even ids: an odd one is in range yet absent
+    batch = pa.RecordBatch.from_pydict({"id": pa.array(ids), "v": pa.array(np.char.add("v", ids.astype(str)).tolist())}, schema=ARROW)
+    present = [int(i) for i in rng.choice(ids, 50, replace=False)]
+    absent = [int(i) * 2 + 1 for i in rng.integers(0, args.rows, 50)]
+    rows = []
+    with tempfile.TemporaryDirectory() as warehouse:
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        catalog = None
+        for side, extra in (("no filter", {}), ("Bloom filter on id", {"property.write.parquet.bloom-filter-enabled.column.id": "true"})):
+            table_name = f"db.{'b' if extra else 'p'}"
+            options = {"table": table_name, "warehouse": warehouse, "progress": "false", "maintenance": "off",
+                       "property.write.parquet.row-group-size-bytes": str(args.row_group_mib * 1024 * 1024), **extra}
+            plan = plan_write(parse_options(options), SCHEMA, False)
+            commit_write(plan, decode_messages([write_task(plan, iter([batch]), TaskIdentity())]), None)
+            catalog = catalog or SqlCatalog("lakesink", uri=f"sqlite:///{warehouse}/catalog.db", warehouse=f"file://{warehouse}")
+            table = catalog.load_table(table_name)
+            files = [e.data_file.file_path.removeprefix("file://") for e in live_data_files(table.io, table.metadata.current_snapshot())]
+            con = duckdb.connect()
+            groups = con.execute(f"SELECT count(*) FROM parquet_metadata({files!r}) WHERE column_id = 0").fetchone()[0]
+            ruled_out = {}
+            timings = {}
+            for kind, values in (("present", present), ("absent", absent)):
+                outs, times = [], []
+                for value in values:
+                    outs.append(sum(bool(r[2]) for f in files for r in con.execute(
+                        f"SELECT * FROM parquet_bloom_probe('{f}', 'id', {value})").fetchall()))
+                    started = time.perf_counter()
+                    got = con.execute(f"SELECT count(*) FROM read_parquet({files!r}) WHERE id = {value}").fetchone()[0]
+                    times.append(time.perf_counter() - started)
+                    assert got == (1 if kind == "present" else 0)
+                ruled_out[kind] = statistics.mean(outs)
+                timings[kind] = statistics.median(times)
+            rows.append((side, groups, ruled_out, timings))
+    print(f"## Point lookups, {args.rows:,} rows in {args.row_group_mib} MiB row groups ({time.strftime('%Y-%m-%d')}, DuckDB {duckdb.__version__})\n")
+    print("| table | row groups | ruled out by the probe (key present / absent) | lookup median (present / absent) |")
+    print("|---|---|---|---|")
+    for side, groups, out, t in rows:
+        print(f"| {side} | {groups} | {out['present']:.1f} / {out['absent']:.1f} | {t['present'] * 1000:.1f} ms / {t['absent'] * 1000:.1f} ms |")
+    base, bloom = rows[0][3], rows[1][3]
+    print(f"\nBloom-filtered lookups take {bloom['present'] / base['present']:.2f}x (present) and "
+          f"{bloom['absent'] / base['absent']:.2f}x (absent) the unfiltered table's time.")
+
+
+if __name__ == "__main__":
+    main()
