@@ -45,7 +45,7 @@ def cluster_by_partition(df: Any, table: str, num_partitions: int | None = None,
 
     def tag(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         splitter = PartitionSplitter(spec, schema)
-        aligner = BatchAligner(table_arrow_schema(schema), sources)
+        aligner = BatchAligner(table_arrow_schema(schema), sources, defaults=[f.write_default for f in schema.fields])
         for batch in batches:
             hashes = np.zeros(batch.num_rows, dtype=np.int64)
             for key, rows in splitter.split_rows(aligner.align(batch)):

@@ -7,6 +7,9 @@ purpose: they are what Spark sends, so no per-batch offset widening is needed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -121,20 +124,32 @@ def align_array(column: pa.Array, target: pa.DataType) -> pa.Array:
     return column.cast(target)
 
 
+def constant_array(value: Any, n: int, dtype: pa.DataType) -> pa.Array:
+    """`n` copies of `value` (a column default as pyiceberg parses it), or nulls for None."""
+    if value is None:
+        return null_array(n, dtype)
+    return pa.repeat(pa.scalar(value, type=dtype), n)
+
+
 class BatchAligner:
     """Turns one Spark Arrow batch into a Table of the table's Arrow schema."""
 
-    def __init__(self, target: pa.Schema, sources: list[str | None], keys: tuple[str, ...] = ()):
+    def __init__(
+        self, target: pa.Schema, sources: list[str | None], keys: tuple[str, ...] = (), defaults: Sequence[Any] | None = None
+    ):
+        """`defaults`: per table column, its v3 `write-default` (None: none), written where
+        the DataFrame has no column for it."""
         self._target = target
         self._sources = sources
         self._keys = {k.lower() for k in keys}  # null keys get the keyed path's own error
+        self._defaults = list(defaults) if defaults is not None else [None] * len(sources)
 
     def align(self, batch: pa.RecordBatch) -> pa.Table:
         n = batch.num_rows
         columns = []
-        for field, source in zip(self._target, self._sources):
+        for field, source, default in zip(self._target, self._sources, self._defaults):
             if source is None:
-                columns.append(null_array(n, field.type))
+                columns.append(constant_array(default, n, field.type))
                 continue
             column = batch.column(source)
             if not field.nullable and column.null_count and field.name.lower() not in self._keys:

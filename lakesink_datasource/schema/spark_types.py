@@ -157,7 +157,8 @@ def compatible(source: IcebergType, target: IcebergType) -> bool:
 
 
 def column_mapping(struct: T.StructType, table_schema: Schema, ignore: tuple[str, ...] = ()) -> list[str | None]:
-    """For each top-level table column, the DataFrame column that feeds it (None: write nulls).
+    """For each top-level table column, the DataFrame column that feeds it (None: write its
+    v3 `write-default`, else nulls).
 
     Raises SchemaError naming the column when the DataFrame has a column the table lacks,
     a type the table column cannot hold, or misses a required table column. Column names
@@ -186,7 +187,7 @@ def column_mapping(struct: T.StructType, table_schema: Schema, ignore: tuple[str
     mapping: list[str | None] = []
     for f in table_schema.fields:
         source = source_by_table.get(f.name)
-        if source is None and f.required:
+        if source is None and f.required and f.write_default is None:
             raise SchemaError(
                 f"required table column '{f.name}' is missing from the DataFrame (add it, or write with option "
                 "merge_schema=true, which makes it optional)"

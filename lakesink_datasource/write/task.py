@@ -200,7 +200,10 @@ def write_task(
     schema = write_schema(plan, metadata)
     spec = write_spec(plan, metadata)
     arrow_schema = table_arrow_schema(schema)
-    aligner = BatchAligner(arrow_schema, plan.column_sources, plan.keyed.table_key_columns if plan.keyed is not None else ())
+    aligner = BatchAligner(
+        arrow_schema, plan.column_sources, plan.keyed.table_key_columns if plan.keyed is not None else (),
+        defaults=[f.write_default for f in schema.fields],
+    )
     splitter = PartitionSplitter(spec, schema)
     io = metadata_cache.file_io(plan.io_properties, plan.metadata_location)
     # Data files get small stream buffers: a task may hold many files open (see rolling_writer).

@@ -24,7 +24,6 @@ from pyspark.sql import types as T
 
 from lakesink_datasource.commit.committer import commit_write
 from lakesink_datasource.iceberg.live_files import live_data_files
-from lakesink_datasource.locate import metadata_location
 from lakesink_datasource.messages import decode_messages
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.table.setup import plan_write
