@@ -33,6 +33,7 @@ class DataFileMessage(msgspec.Struct, array_like=True, frozen=True):
     lower_bounds: dict[int, bytes]
     upper_bounds: dict[int, bytes]
     split_offsets: list[int]
+    sort_order_id: int = 0  # the table sort order the file's rows are sorted by (0: none)
 
 
 class PositionDeletesMessage(msgspec.Struct, array_like=True, frozen=True):

@@ -45,6 +45,7 @@ class TableTarget(msgspec.Struct, frozen=True, kw_only=True):
 
 class WriteOptions(TableTarget, frozen=True, kw_only=True):
     partition_by: str | None = None
+    sort_by: str | None = None  # the sort order of a table lakesink creates; checked against an existing one
     target_file_size_bytes: int | None = None  # None: the table's write.target-file-size-bytes
     format_version: int | None = None  # of a table lakesink creates (None: 3); checked against an existing one
     table_properties: dict[str, str] = {}  # from property.<key> options
@@ -79,6 +80,7 @@ _SIMPLE = {
     "warehouse",
     "catalog",
     "partition_by",
+    "sort_by",
     "target_file_size_bytes",
     "format_version",
     "operation",
@@ -252,6 +254,7 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
         "catalog": values.get("catalog"),
         "catalog_properties": catalog_properties,
         "partition_by": values.get("partition_by") or None,
+        "sort_by": values.get("sort_by") or None,
         "operation": operation,
         "maintenance": maintenance,
         "table_properties": table_properties,

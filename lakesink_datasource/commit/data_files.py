@@ -8,8 +8,6 @@ from pyiceberg.table.metadata import TableMetadata
 from lakesink_datasource.iceberg.partition_key import decode_partition
 from lakesink_datasource.messages import DataFileMessage
 
-UNSORTED_ORDER_ID = 0  # the order every table has: none
-
 
 def data_file(msg: DataFileMessage, metadata: TableMetadata) -> DataFile:
     spec = metadata.specs()[msg.spec_id]
@@ -30,9 +28,9 @@ def data_file(msg: DataFileMessage, metadata: TableMetadata) -> DataFile:
         key_metadata=None,
         split_offsets=msg.split_offsets or None,
         equality_ids=None,
-        # lakesink does not sort rows within a file yet: a file labelled with the table's
-        # sort order would tell a reader or an engine's rewrite it is sorted when it is not.
-        sort_order_id=UNSORTED_ORDER_ID,
+        # Only the order the writer sorted the file's rows by (io/row_order.py): a file
+        # labelled sorted when it is not misleads readers and engines' rewrites.
+        sort_order_id=msg.sort_order_id,
         first_row_id=None,  # new data files inherit row ids from their manifest
         referenced_data_file=None,
         content_offset=None,

@@ -44,6 +44,7 @@ from lakesink_datasource.iceberg.row_lineage import (
 from lakesink_datasource.index.key_route import file_route
 from lakesink_datasource.io.partitioning import PartitionSplitter
 from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
+from lakesink_datasource.io.row_order import RowOrder
 from lakesink_datasource.messages import DataFileMessage
 from lakesink_datasource.schema.arrow_align import align_array, null_array, table_arrow_schema
 
@@ -141,6 +142,9 @@ def rewrite_files(
         table_properties=metadata.properties,
         path_for=path_for,
         target_file_size=target_file_size,
+        # Compaction output sorted by the table's order: the key index follows it by row id,
+        # not by position, so its rows may be reordered.
+        row_order=RowOrder.of(metadata.sort_order(), write_schema),
     )
     splitter = PartitionSplitter(spec, schema)
     try:

@@ -43,8 +43,10 @@ def data_file_message(
     iceberg_schema: Schema,
     table_properties: dict[str, str],
     nan_counts: dict[int, int],
+    sort_order_id: int = 0,
 ) -> DataFileMessage:
-    """Describe a closed Parquet data file for the commit."""
+    """Describe a closed Parquet data file for the commit (`sort_order_id`: the table sort
+    order its rows are sorted by, 0 if none)."""
     plan = compute_statistics_plan(iceberg_schema, table_properties)
     column_ids = parquet_path_to_id_mapping(iceberg_schema)
     stats = data_file_statistics_from_parquet_metadata(parquet_metadata, plan, column_ids)
@@ -67,6 +69,7 @@ def data_file_message(
         lower_bounds=dict(serialized["lower_bounds"]),
         upper_bounds=dict(serialized["upper_bounds"]),
         split_offsets=list(serialized["split_offsets"]),
+        sort_order_id=sort_order_id,
     )
 
 

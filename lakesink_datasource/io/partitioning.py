@@ -53,6 +53,12 @@ class PartitionSplitter:
     def is_unpartitioned(self) -> bool:
         return not self._plans
 
+    def transformed(self, table: pa.Table) -> list[pa.Array]:
+        """Each field's transformed values for every row of `table` (Iceberg's internal
+        representation: dates as days, timestamps as micros; nulls where the source is
+        null): what a sort order sorts by too."""
+        return [self._partition_column(table, i) for i in range(len(self._plans))]
+
     def split(self, batch: pa.RecordBatch | pa.Table) -> list[tuple[PartitionKey, pa.Table]]:
         """Group rows by partition; rows keep their input order inside each group.
 

@@ -51,6 +51,7 @@ from lakesink_datasource.iceberg.partition_key import PartitionKey
 from lakesink_datasource.iceberg.properties import TableSettings
 from lakesink_datasource.io.bloom_filters import bloom_filter_options
 from lakesink_datasource.io.metrics import add_counts, count_nans, data_file_message
+from lakesink_datasource.io.row_order import RowOrder
 from lakesink_datasource.messages import DataFileMessage
 
 logger = logging.getLogger(__name__)
@@ -180,6 +181,7 @@ class PartitionedParquetWriter:
         path_for: Callable[[PartitionKey, int], str],
         target_file_size: int | None = None,
         max_open_files: int | None = None,
+        row_order: RowOrder | None = None,
     ) -> PartitionedParquetWriter:
         """A writer laid out by the table's Parquet properties (row group size, codec and
         level, page and dictionary sizes), rolling files at `target_file_size` or else the
@@ -200,6 +202,7 @@ class PartitionedParquetWriter:
             max_open_files=max_open_files,
             bloom_filters=settings.bloom_filters,
             bloom_filter_max_bytes=settings.bloom_filter_max_bytes,
+            row_order=row_order,
         )
 
     def __init__(
@@ -221,7 +224,12 @@ class PartitionedParquetWriter:
         max_open_files: int | None = None,
         bloom_filters: Mapping[str, float] | None = None,
         bloom_filter_max_bytes: int = 1024 * 1024,
+        row_order: RowOrder | None = None,
     ) -> None:
+        """`row_order`: sort each file's rows by the table's sort order. Each file is then one
+        row group, written and closed when its rows are flushed, so a file is one sorted run
+        (its manifest entry names the order). Rows' positions are only known once flushed:
+        no caller that records placements (keyed writes) may ask for it."""
         if min(target_file_size, row_group_bytes, buffer_limit_bytes) <= 0:
             raise ValueError("target_file_size, row_group_bytes and buffer_limit_bytes must be positive")
         if max_open_files is not None and max_open_files < 1:
@@ -241,6 +249,8 @@ class PartitionedParquetWriter:
         self._dictionary_bytes = dictionary_bytes
         self._max_open_files = max_open_files
         self._bloom_filters = bloom_filter_options(bloom_filters or {}, bloom_filter_max_bytes, arrow_schema)
+        self._row_order = row_order
+        self._sorting_columns = row_order.sorting_columns(arrow_schema) if row_order is not None else None
 
         self._partitions: dict[PartitionKey, _Partition] = {}
         # Partitions with an open file, least recently written first (for max_open_files).
@@ -487,6 +497,14 @@ class PartitionedParquetWriter:
                 self._drop_segment(segment)
         file = part.file if part.file is not None else self._open_file(part)
         rows = table.num_rows
+        if self._row_order is not None:
+            # The file's rows sorted and written whole: one row group, then the file ends
+            # (later rows of the partition go to the next file), so it is one sorted run.
+            self._write_row_group(part, file, self._row_order.sort(table))
+            self._close_file(part)
+            part.path = None
+            part.assigned_rows = 0
+            return
         # Normally one row group; an oversized buffer (one huge input table) becomes several
         # row groups of between 1x and 2x row_group_bytes.
         group_rows = math.ceil(rows / max(1, table.nbytes // self._row_group_bytes))
@@ -536,7 +554,8 @@ class PartitionedParquetWriter:
                 write_statistics=True,
                 # Iceberg's Parquet mapping stores decimal(P<=18) as INT32/INT64, as Java does.
                 store_decimal_as_integer=True,
-                bloom_filter_options=self._bloom_filters,
+                **({"bloom_filter_options": self._bloom_filters} if self._bloom_filters else {}),
+                **({"sorting_columns": self._sorting_columns} if self._sorting_columns else {}),
             )
         except Exception:
             stream.close()
@@ -570,6 +589,7 @@ class PartitionedParquetWriter:
                 iceberg_schema=self._iceberg_schema,
                 table_properties=self._table_properties,
                 nan_counts=file.nan_counts,
+                sort_order_id=self._row_order.order_id if self._row_order is not None else 0,
             )
         )
 

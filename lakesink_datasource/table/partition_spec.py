@@ -42,7 +42,7 @@ _TIME = {
 }
 
 
-def _split_terms(text: str) -> list[str]:
+def split_terms(text: str, option: str = "partition_by") -> list[str]:
     terms: list[str] = []
     current: list[str] = []
     depth = 0
@@ -58,16 +58,16 @@ def _split_terms(text: str) -> list[str]:
             current.append(ch)
     terms.append("".join(current))
     if depth != 0:
-        raise OptionError(f"option 'partition_by' has unbalanced parentheses: {text!r}")
+        raise OptionError(f"option '{option}' has unbalanced parentheses: {text!r}")
     return [t.strip() for t in terms]
 
 
-def _term(term: str) -> tuple[Transform, str, str]:
+def parse_term(term: str, option: str = "partition_by") -> tuple[Transform, str, str]:
     """(transform, source column, partition field name suffix) for one term."""
     call = _CALL.match(term)
     if call is None:
         if not _NAME.match(term):
-            raise OptionError(f"option 'partition_by': cannot parse {term!r}")
+            raise OptionError(f"option '{option}': cannot parse {term!r}")
         return IdentityTransform(), term, ""
     func, args = call.group(1).lower(), [a.strip() for a in call.group(2).split(",")]
     if func in _TIME and len(args) == 1:
@@ -77,9 +77,9 @@ def _term(term: str) -> tuple[Transform, str, str]:
         try:
             width = int(args[0])
         except ValueError:
-            raise OptionError(f"option 'partition_by': {func} needs an integer first argument in {term!r}") from None
+            raise OptionError(f"option '{option}': {func} needs an integer first argument in {term!r}") from None
         if width <= 0:
-            raise OptionError(f"option 'partition_by': {func} width must be positive in {term!r}")
+            raise OptionError(f"option '{option}': {func} width must be positive in {term!r}")
         if func == "bucket":
             return BucketTransform(width), args[1], "_bucket"
         return TruncateTransform(width), args[1], "_trunc"
@@ -88,7 +88,7 @@ def _term(term: str) -> tuple[Transform, str, str]:
     if func == "void" and len(args) == 1:
         return VoidTransform(), args[0], "_null"
     raise OptionError(
-        f"option 'partition_by': unknown transform {term!r} (use identity, bucket(N, col), truncate(W, col), "
+        f"option '{option}': unknown transform {term!r} (use identity, bucket(N, col), truncate(W, col), "
         "years/months/days/hours(col), void(col))"
     )
 
@@ -99,10 +99,10 @@ def parse_partition_spec(text: str | None, schema: Schema) -> PartitionSpec:
         return PartitionSpec()
     fields = []
     names: set[str] = set()
-    for offset, term in enumerate(_split_terms(text)):
+    for offset, term in enumerate(split_terms(text)):
         if not term:
             raise OptionError(f"option 'partition_by' has an empty term: {text!r}")
-        transform, column, suffix = _term(term)
+        transform, column, suffix = parse_term(term)
         try:
             source = schema.find_field(column, case_sensitive=False)
         except ValueError:

@@ -17,6 +17,7 @@ from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
+from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 from pyiceberg.types import DoubleType, FloatType, PrimitiveType
 from pyspark.sql.types import StructType
 
@@ -40,6 +41,7 @@ from lakesink_datasource.table.location_guard import LocationInUse, refuse_if_in
 from lakesink_datasource.table.partition_spec import describe_spec, parse_partition_spec, same_layout
 from lakesink_datasource.table.plan import KeyedPlan, WritePlan
 from lakesink_datasource.table.schema_staging import stage_evolution
+from lakesink_datasource.table.sort_order import describe_order, parse_sort_order, same_order
 from lakesink_datasource.table.spec_staging import stage_spec
 from lakesink_datasource.table.store_probe import StoreRefusesFiles, check_puffin_accepted
 
@@ -99,6 +101,7 @@ def _column_sources(options: WriteOptions, spark_schema: StructType, schema: Sch
 def create_table(catalog: Catalog, options: WriteOptions, spark_schema: StructType, config: loader.CatalogConfig) -> Table:
     schema = _new_table_schema(options, spark_schema)
     spec = parse_partition_spec(options.partition_by, schema)
+    order = parse_sort_order(options.sort_by, schema)
     namespace = options.table.rsplit(".", 1)[0]
     name = loader.describe(config)
     planned = _planned_location(catalog, options.table)
@@ -115,6 +118,7 @@ def create_table(catalog: Catalog, options: WriteOptions, spark_schema: StructTy
                     options.table,
                     schema=schema,
                     partition_spec=spec,
+                    sort_order=order if order is not None else UNSORTED_SORT_ORDER,
                     properties={**CREATE_DEFAULTS, **options.table_properties, FORMAT_VERSION: str(options.format_version or 3)},
                 ),
                 what=f"creating table {options.table}", catalog=name,
@@ -192,6 +196,15 @@ def _check_layout_matches(options: WriteOptions, table: Table, schema: Schema) -
             f"option 'format_version' = {options.format_version} differs from table {options.table}, which is format "
             f"version {table.metadata.format_version}; leave the option out (it applies when lakesink creates a table)"
         )
+    if options.sort_by is not None:
+        order = parse_sort_order(options.sort_by, schema)
+        assert order is not None
+        if not same_order(order, table.sort_order()):
+            raise OptionError(
+                f"option 'sort_by' = {options.sort_by!r} differs from the sort order of table {options.table} "
+                f"({describe_order(table.sort_order(), table.schema())}); it applies when lakesink creates a table: leave it "
+                "out to write with the table's own order (change a table's order with your engine's WRITE ORDERED BY)"
+            )
     if options.partition_by is None:
         return None
     wanted = parse_partition_spec(options.partition_by, schema)

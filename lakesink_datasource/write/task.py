@@ -30,6 +30,7 @@ from lakesink_datasource.iceberg.properties import TableSettings, effective_prop
 from lakesink_datasource.iceberg.row_filter import RowFilter, matches, parse_filter
 from lakesink_datasource.io.partitioning import PartitionSplitter
 from lakesink_datasource.io.rolling_writer import STREAM_BUFFER_BYTES, PartitionedParquetWriter
+from lakesink_datasource.io.row_order import RowOrder
 from lakesink_datasource.messages import CompactionMessage, LakeSinkCommitMessage, TaskResult, TaskStats
 from lakesink_datasource.schema.arrow_align import BatchAligner, table_arrow_schema
 from lakesink_datasource.table import idempotency, metadata_cache
@@ -224,6 +225,9 @@ def write_task(
         # Each open file holds memory of its own (stream buffer, writer state), so a task
         # keeps at most this many open (the least recently written closes).
         max_open_files=MAX_OPEN_FILES,
+        # Keyed writes record each row's position as it arrives, before a file is written:
+        # their rows cannot be reordered there (their files stay unsorted, labelled so).
+        row_order=RowOrder.of(metadata.sort_order(), schema) if plan.keyed is None else None,
     )
     # Rows an overwrite with replace_where writes must match its filter (as Delta checks):
     # the overwrite replaces exactly the matching rows, so a row outside it would land
