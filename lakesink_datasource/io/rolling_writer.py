@@ -226,10 +226,10 @@ class PartitionedParquetWriter:
         bloom_filter_max_bytes: int = 1024 * 1024,
         row_order: RowOrder | None = None,
     ) -> None:
-        """`row_order`: sort each file's rows by the table's sort order. Each file is then one
-        row group, written and closed when its rows are flushed, so a file is one sorted run
-        (its manifest entry names the order). Rows' positions are only known once flushed:
-        no caller that records placements (keyed writes) may ask for it."""
+        """`row_order`: sort each file's rows by the table's sort order. A file is then
+        written whole (one or more row groups) and closed when its rows are flushed, so it is
+        one sorted run (its manifest entry names the order). Rows' positions are only known
+        once flushed: no caller that records placements (keyed writes) may ask for it."""
         if min(target_file_size, row_group_bytes, buffer_limit_bytes) <= 0:
             raise ValueError("target_file_size, row_group_bytes and buffer_limit_bytes must be positive")
         if max_open_files is not None and max_open_files < 1:
@@ -242,6 +242,10 @@ class PartitionedParquetWriter:
         self._path_for = path_for
         self._target = target_file_size
         self._row_group_bytes = row_group_bytes
+        # A sorted file is written whole when its buffer fills: up to half the writer's
+        # buffer, so a table with small row groups gets several per file, each covering its
+        # own range of the sort key (what min/max pruning skips by).
+        self._flush_bytes = max(row_group_bytes, buffer_limit_bytes // 2) if row_order is not None else row_group_bytes
         self._buffer_limit = buffer_limit_bytes
         self._compression = compression
         self._compression_level = compression_level
@@ -323,7 +327,7 @@ class PartitionedParquetWriter:
     def flush_pending(self) -> None:
         """Do the row-group writes that write(..., flush=False) deferred."""
         for part in list(self._partitions.values()):
-            if part.buffered_bytes >= self._row_group_bytes:
+            if part.buffered_bytes >= self._flush_bytes:
                 self._flush(part)
         self._relieve_memory_pressure()
 
@@ -376,7 +380,7 @@ class PartitionedParquetWriter:
         if not flush:
             return
         for part in list(self._partitions.values()):
-            if part.buffered_bytes >= self._row_group_bytes:
+            if part.buffered_bytes >= self._flush_bytes:
                 self._flush(part)
         self._relieve_memory_pressure()
         self._release_unheld()
@@ -498,18 +502,18 @@ class PartitionedParquetWriter:
         file = part.file if part.file is not None else self._open_file(part)
         rows = table.num_rows
         if self._row_order is not None:
-            # The file's rows sorted and written whole: one row group, then the file ends
-            # (later rows of the partition go to the next file), so it is one sorted run.
-            self._write_row_group(part, file, self._row_order.sort(table))
-            self._close_file(part)
-            part.path = None
-            part.assigned_rows = 0
-            return
-        # Normally one row group; an oversized buffer (one huge input table) becomes several
-        # row groups of between 1x and 2x row_group_bytes.
+            # The file's rows sorted and written whole, then the file ends (later rows of
+            # the partition go to the next file): a file is one sorted run.
+            table = self._row_order.sort(table)
+        # Normally one row group; an oversized buffer (one huge input table, or a sorted
+        # file's) becomes several row groups of between 1x and 2x row_group_bytes.
         group_rows = math.ceil(rows / max(1, table.nbytes // self._row_group_bytes))
         for offset in range(0, rows, group_rows):
             self._write_row_group(part, file, table.slice(offset, group_rows))
+        if self._row_order is not None:
+            self._close_file(part)
+            part.path = None
+            part.assigned_rows = 0
 
     def _write_row_group(self, part: _Partition, file: _OpenFile, table: pa.Table) -> None:
         self._open.move_to_end(part.key)
