@@ -1,4 +1,4 @@
-"""Issue 45's interop check: a keyed table with the object-store layout and Bloom filters,
+"""Issue 45's interop check: a keyed table sorted by id, with the object-store layout and Bloom filters,
 written by upsert batches with maintenance on, then Iceberg Java's maintenance, then more
 batches; every reader of ../shared/tools/readers reads the same rows.
 
@@ -38,6 +38,7 @@ def main(warehouse: str, phase: str, count: int = 6) -> None:
         "property.write.object-storage.enabled": "true",
         "property.write.parquet.bloom-filter-enabled.column.id": "true",
         "property.lakesink.maintenance.compaction-fan-in": "2",
+        "sort_by": "id",
     }
     if phase == "write":
         for _ in range(count):
