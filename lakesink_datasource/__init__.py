@@ -17,7 +17,7 @@ if _pyiceberg.__version__ != PINNED_PYICEBERG_VERSION:
     from lakesink_datasource.iceberg import compat as _compat  # noqa: F401
 _spark_version.check_pyspark()  # and on a PySpark minor lakesink was not tested on
 
-__all__ = ["LakeSinkDataSource", "LakesinkError", "__version__", "cluster_by_key", "cluster_by_partition"]
+__all__ = ["LakeSinkDataSource", "LakesinkError", "__version__", "batch_sink", "cluster_by_key", "cluster_by_partition"]
 
 
 def __getattr__(name: str) -> Any:
@@ -30,6 +30,10 @@ def __getattr__(name: str) -> Any:
         from lakesink_datasource.clustering import cluster_by_partition
 
         return cluster_by_partition
+    if name == "batch_sink":
+        from lakesink_datasource.foreach_batch import batch_sink
+
+        return batch_sink
     if name == "cluster_by_key":
         from lakesink_datasource.key_routing import cluster_by_key
 

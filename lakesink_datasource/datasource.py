@@ -21,7 +21,6 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
-    DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
 from pyspark.sql.types import StructType
@@ -39,6 +38,15 @@ if TYPE_CHECKING:
 # this module imports, a second or more on a fresh executor for the whole package.
 
 log = logging.getLogger("lakesink")
+
+try:
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter
+
+    STREAM_ARROW = True
+except ImportError:  # PySpark 4.0: a stream sink is handed Rows (spark_rows.py turns them into Arrow)
+    from pyspark.sql.datasource import DataSourceStreamWriter as DataSourceStreamArrowWriter  # type: ignore[assignment]
+
+    STREAM_ARROW = False
 
 
 class LakeSinkDataSource(DataSource):
@@ -130,7 +138,7 @@ class LakeSinkDataSource(DataSource):
                 "options 'txn_app_id' and 'txn_version' apply to batch writes (for example inside foreachBatch, "
                 "with the batch id as txn_version); a streaming query's batches are already exactly once"
             )
-        return LakeSinkStreamWriter(_timed_plan(options, schema, overwrite))
+        return LakeSinkStreamWriter(_timed_plan(options, schema, overwrite), schema)
 
 
 def _timed_plan(options: WriteOptions, schema: StructType, overwrite: bool) -> WritePlan:
@@ -245,6 +253,8 @@ class RoutedStreamWriter(DataSourceStreamArrowWriter):
         from lakesink_datasource.key_routing import RESULT_COLUMN
         from lakesink_datasource.messages import RoutedCommitMessage
 
+        if not STREAM_ARROW:  # PySpark 4.0: Rows
+            return RoutedCommitMessage([row[RESULT_COLUMN] for row in iterator])
         return RoutedCommitMessage([p for batch in iterator for p in batch.column(RESULT_COLUMN).to_pylist()])
 
     @without_traceback
@@ -256,11 +266,17 @@ class RoutedStreamWriter(DataSourceStreamArrowWriter):
 
 
 class LakeSinkStreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, plan: WritePlan):
+    def __init__(self, plan: WritePlan, schema: StructType | None = None):
         self.plan = plan
+        self.schema = schema  # the rows' schema (PySpark 4.0 hands the sink Rows)
 
     @without_traceback
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        if not STREAM_ARROW:
+            from lakesink_datasource.spark_rows import arrow_batches
+
+            assert self.schema is not None
+            iterator = arrow_batches(iterator, self.schema)
         return _write(self.plan, iterator)
 
     @without_traceback

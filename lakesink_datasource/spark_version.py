@@ -9,9 +9,15 @@ driver's machine).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from lakesink_datasource.errors import LakesinkError
 
-SUPPORTED_MINORS = ((4, 3),)  # tested in CI; setup.cfg declares the same range
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+SUPPORTED_MINORS = ((4, 0), (4, 1), (4, 2), (4, 3))  # each tested in CI (scripts/spark_minors.sh); setup.cfg declares the range
 
 
 class UnsupportedSparkError(LakesinkError, ImportError):
@@ -44,3 +50,14 @@ def check_pyspark(found: str | None = None) -> None:
         f"<{SUPPORTED_MINORS[-1][0]}.{SUPPORTED_MINORS[-1][1] + 1}' (on a cluster, in the environment the executors run; "
         "see docs/deploy.md)"
     )
+
+
+def to_arrow_schema(spark_schema: StructType) -> pa.Schema:
+    """PySpark's `to_arrow_schema` with timestamps in UTC, on every supported minor: 4.2 and
+    newer take `timezone="UTC"`, 4.0 and 4.1 `timestamp_utc=True`."""
+    from pyspark.sql.pandas import types
+
+    try:
+        return types.to_arrow_schema(spark_schema, timezone="UTC")
+    except TypeError:
+        return types.to_arrow_schema(spark_schema, timestamp_utc=True)  # type: ignore[call-arg]

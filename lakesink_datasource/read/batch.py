@@ -51,7 +51,7 @@ class LakeSinkReader(DataSourceReader):
     """`spark.read.format("lakesink")` and temporary views `USING lakesink`."""
 
     def __init__(self, options: ReadOptions, schema: StructType):
-        from pyspark.sql.pandas.types import to_arrow_schema
+        from lakesink_datasource.spark_version import to_arrow_schema
 
         self._options = options
         self._state: TableState | None = resolve_state(options)  # the driver's only: not pickled
@@ -59,7 +59,7 @@ class LakeSinkReader(DataSourceReader):
             metadata_location=self._state.table.metadata_location,
             io_properties=dict(self._state.table.io.properties),
             schema_json=self._state.schema.model_dump_json(),
-            arrow_schema=to_arrow_schema(schema, timezone="UTC"),
+            arrow_schema=to_arrow_schema(schema),
         )
 
     def __getstate__(self) -> dict[str, Any]:

@@ -218,9 +218,9 @@ class MetadataTableReader(DataSourceReader):
     """One metadata table, built on the driver and read by one Spark task."""
 
     def __init__(self, table: pa.Table, schema: StructType) -> None:
-        from pyspark.sql.pandas.types import to_arrow_schema
+        from lakesink_datasource.spark_version import to_arrow_schema
 
-        self._ipc = _to_ipc(table.cast(to_arrow_schema(schema, timezone="UTC")))
+        self._ipc = _to_ipc(table.cast(to_arrow_schema(schema)))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         yield from pa.ipc.open_stream(self._ipc).read_all().to_batches()

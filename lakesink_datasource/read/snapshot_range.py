@@ -142,13 +142,13 @@ class UnitReader:
 
     @classmethod
     def of(cls, table: Table, spark_schema: StructType, read_changes: bool) -> UnitReader:
-        from pyspark.sql.pandas.types import to_arrow_schema
+        from lakesink_datasource.spark_version import to_arrow_schema
 
         schema = table.schema()
         return cls(
             dict(table.io.properties), schema.model_dump_json(),
             tuple(schema.find_column_name(i) or "" for i in sorted(schema.identifier_field_ids)), read_changes,
-            to_arrow_schema(spark_schema, timezone="UTC"),
+            to_arrow_schema(spark_schema),
         )
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -26,6 +26,7 @@ LAYERS: list[set[str]] = [
     {"maintenance"},
     {"progress"},  # what the driver prints per batch
     {"key_routing"},  # cluster_by_key: routes keyed writes by key shard (the sink commits what it wrote)
+    {"spark_rows", "foreach_batch"},  # PySpark 4.0's stream sinks: Rows into Arrow; foreachBatch exactly once
     {"check", "duckdb_reader", "maintain", "locate", "publish", "clustering", "datasource"},  # tools and the Spark face
     {"cli"},  # the `lakesink` command: the tools under one name
     {"__init__"},  # the package's public names

@@ -1,21 +1,43 @@
-"""lakesink refuses, at import, a PySpark minor its CI does not test, naming what it found."""
+"""lakesink refuses, at import, a PySpark minor its CI does not test, naming what it found;
+the declared range (setup.cfg), the checked minors and CI's minors are one list."""
 
 from __future__ import annotations
+
+import configparser
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from lakesink_datasource.errors import LakesinkError
-from lakesink_datasource.spark_version import UnsupportedSparkError, check_pyspark, pyspark_version
+from lakesink_datasource.spark_version import SUPPORTED_MINORS, UnsupportedSparkError, check_pyspark, pyspark_version
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("found", ["4.1.4", "4.2.1", "3.5.9", "4.4.0"])
+@pytest.mark.parametrize("found", ["3.5.9", "4.4.0", "5.0.0"])
 def test_an_untested_pyspark_is_refused_naming_it_and_what_to_install(found: str) -> None:
-    with pytest.raises(UnsupportedSparkError, match=rf"this Python has PySpark {found}\. .*pip install 'pyspark>=4\.3,<4\.4'") as refused:
+    with pytest.raises(UnsupportedSparkError, match=rf"this Python has PySpark {found}\. .*pip install 'pyspark>=4\.0,<4\.4'") as refused:
         check_pyspark(found)
     assert isinstance(refused.value, LakesinkError) and isinstance(refused.value, ImportError)
 
 
+@pytest.mark.parametrize("found", ["4.0.5", "4.1.4", "4.2.1", "4.3.0"])
+def test_every_tested_minor_is_taken(found: str) -> None:
+    check_pyspark(found)
+
+
 def test_the_installed_pyspark_is_supported() -> None:
-    assert pyspark_version().startswith("4.3.")
+    minor = tuple(int(p) for p in pyspark_version().split(".")[:2])
+    assert minor in SUPPORTED_MINORS
     check_pyspark()  # the package imported, so this passes; it must keep passing on the same string
-    check_pyspark("4.3.0")
+
+
+def test_setup_cfg_and_ci_name_the_same_minors() -> None:
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    requires = [line.strip() for line in config["options"]["install_requires"].splitlines()]
+    low, high = SUPPORTED_MINORS[0], SUPPORTED_MINORS[-1]
+    assert f"pyspark>={low[0]}.{low[1]},<{high[0]}.{high[1] + 1}" in requires
+    listed = subprocess.run([str(ROOT / "scripts" / "spark_minors.sh")], capture_output=True, text=True, check=True).stdout.split()
+    assert listed == [f"{a}.{b}" for a, b in SUPPORTED_MINORS]

@@ -1,0 +1,60 @@
+"""PySpark 4.0's stream sinks get Rows: `arrow_batches` turns them into the sink's Arrow
+batches (checked against values built by hand, not by the code under test)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import Row
+from pyspark.sql import types as T
+
+from lakesink_datasource.spark_rows import arrow_batches
+
+SCHEMA = T.StructType([
+    T.StructField("id", T.LongType()), T.StructField("name", T.StringType()), T.StructField("ts", T.TimestampType()),
+    T.StructField("day", T.DateType()), T.StructField("price", T.DecimalType(10, 2)),
+    T.StructField("point", T.StructType([T.StructField("x", T.DoubleType()), T.StructField("y", T.DoubleType())])),
+    T.StructField("tags", T.ArrayType(T.StringType())),
+])
+
+
+@pytest.fixture
+def in_new_york() -> object:
+    """A Python worker whose local time is not UTC: PySpark hands it naive local datetimes."""
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = "America/New_York"
+    time.tzset()
+    yield
+    if before is None:
+        del os.environ["TZ"]
+    else:
+        os.environ["TZ"] = before
+    time.tzset()
+
+
+
+def test_rows_and_their_timestamps_convert(in_new_york: object) -> None:
+    # 2024-01-02 07:30 in New York is 12:30 UTC: what Spark's Row gives a worker there.
+    local = dt.datetime(2024, 1, 2, 7, 30)
+    rows = [
+        Row(1, "a", local, dt.date(2024, 1, 2), Decimal("1.50"), Row(1.0, 2.0), ["p", "q"]),
+        Row(2, None, None, None, None, None, None),
+    ] * 3
+    batches = list(arrow_batches(iter(rows), SCHEMA, chunk_rows=4))
+    assert [b.num_rows for b in batches] == [4, 2]
+    table = pa.Table.from_batches(batches)
+    assert table.column("ts").type == pa.timestamp("us", tz="UTC")
+    first = table.slice(0, 2).to_pylist()
+    assert first[0]["ts"] == dt.datetime(2024, 1, 2, 12, 30, tzinfo=dt.timezone.utc)
+    assert first[0]["point"] == {"x": 1.0, "y": 2.0} and first[0]["tags"] == ["p", "q"]
+    assert first[0]["price"] == Decimal("1.50") and first[0]["day"] == dt.date(2024, 1, 2)
+    assert first[1] == {"id": 2, "name": None, "ts": None, "day": None, "price": None, "point": None, "tags": None}
+
+
+def test_no_rows_no_batches() -> None:
+    assert list(arrow_batches(iter([]), SCHEMA)) == []
