@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
+from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from lakesink_datasource.read.filters import conjunction, to_iceberg
@@ -25,6 +25,9 @@ from lakesink_datasource.read.scan import (
 )
 from lakesink_datasource.read.snapshot_range import UnitReader, batch_range, unit_groups, units_between
 from lakesink_datasource.worker_gc import settle_imports
+
+if TYPE_CHECKING:
+    from pyspark.sql.datasource import Filter  # PySpark 4.1+: filter pushdown (4.0 has none)
 
 
 def filter_pushdown_enabled() -> bool:

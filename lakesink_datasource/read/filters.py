@@ -58,7 +58,11 @@ _MAKE: dict[str, Any] = {
     "EqualTo": EqualTo, "GreaterThan": GreaterThan, "GreaterThanOrEqual": GreaterThanOrEqual, "LessThan": LessThan,
     "LessThanOrEqual": LessThanOrEqual, "In": In, "IsNull": IsNull, "IsNotNull": NotNull, "StringStartsWith": StartsWith,
 }
-_COMPARISONS = {spark.EqualTo, spark.GreaterThan, spark.GreaterThanOrEqual, spark.LessThan, spark.LessThanOrEqual}
+# Spark's filter classes (PySpark 4.1+; 4.0 pushes no filter to a Python source, and has none).
+_COMPARISONS = {
+    getattr(spark, name) for name in ("EqualTo", "GreaterThan", "GreaterThanOrEqual", "LessThan", "LessThanOrEqual")
+    if hasattr(spark, name)
+}
 
 
 def _micros(moment: datetime) -> int:
