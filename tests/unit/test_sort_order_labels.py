@@ -1,8 +1,6 @@
-"""Data files are labelled with a sort order only when they are sorted by it (issue 45, part 2).
-
-lakesink does not sort rows within its files yet, so every file it writes into a table with
-a sort order carries sort order 0 (unsorted): a reader or an engine's rewrite that trusts
-the label must not take an unsorted file for a sorted one.
+"""A table another engine gave a sort order (pyiceberg here) gets files sorted by it and
+labelled with it (issue 45, part 2): until 2026-11-26 lakesink labelled its unsorted files
+with the table's order, which a reader or an engine's rewrite would have trusted.
 """
 
 from __future__ import annotations
@@ -10,6 +8,7 @@ from __future__ import annotations
 import os
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from lakesink_testing import embedded_catalog, load
 from pyiceberg.schema import Schema
 from pyiceberg.table.sorting import SortField, SortOrder
@@ -28,7 +27,7 @@ SCHEMA = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.S
 ARROW = pa.schema([("id", pa.int64()), ("v", pa.string())])
 
 
-def test_files_written_into_a_sorted_table_are_labelled_unsorted(warehouse: str) -> None:
+def test_files_written_into_a_sorted_table_are_sorted_and_labelled(warehouse: str) -> None:
     os.makedirs(warehouse)
     catalog = embedded_catalog(warehouse)
     catalog.create_namespace("db")
@@ -42,4 +41,6 @@ def test_files_written_into_a_sorted_table_are_labelled_unsorted(warehouse: str)
     table = load(warehouse, "db.t")
     files = [e.data_file for e in live_data_files(table.io, table.metadata.current_snapshot())]
     assert len(files) == 2
-    assert {f.sort_order_id for f in files} == {0}
+    assert {f.sort_order_id for f in files} == {1}
+    by_rows = sorted(pq.read_table(f.file_path.removeprefix("file://")).column("id").to_pylist() for f in files)
+    assert by_rows == [[1, 3, 5, 9], [2, 7, 8]]
