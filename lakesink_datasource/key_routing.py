@@ -209,10 +209,18 @@ def _execution_write_id() -> str:
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
-    execution = ctx.getLocalProperty("spark.sql.execution.query.id") if ctx is not None else None
-    if not execution:
+    if ctx is None:
         raise RouteError("a routed keyed task found no Spark query execution id; it runs only inside a streaming query")
-    return uuid.UUID(execution).hex
+    execution = ctx.getLocalProperty("spark.sql.execution.query.id")
+    if execution:
+        return uuid.UUID(execution).hex
+    # PySpark 4.0 and 4.1 set no query execution id: the query run's id (Spark's job group,
+    # new when a restarted query runs a batch again) and the SQL execution id (new for each
+    # execution within a run) name the execution as well.
+    run, sql_execution = ctx.getLocalProperty("spark.jobGroup.id"), ctx.getLocalProperty("spark.sql.execution.id")
+    if not run or not sql_execution:
+        raise RouteError("a routed keyed task found no Spark query execution id; it runs only inside a streaming query")
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"lakesink:{run}:{sql_execution}").hex
 
 
 @dataclass(frozen=True)
