@@ -59,6 +59,7 @@ _MAKE: dict[str, Any] = {
     "LessThanOrEqual": LessThanOrEqual, "In": In, "IsNull": IsNull, "IsNotNull": NotNull, "StringStartsWith": StartsWith,
 }
 # Spark's filter classes (PySpark 4.1+; 4.0 pushes no filter to a Python source, and has none).
+FILTER_PUSHDOWN = hasattr(spark, "Filter")
 _COMPARISONS = {
     getattr(spark, name) for name in ("EqualTo", "GreaterThan", "GreaterThanOrEqual", "LessThan", "LessThanOrEqual")
     if hasattr(spark, name)
