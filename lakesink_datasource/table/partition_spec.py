@@ -21,6 +21,7 @@ from pyiceberg.transforms import (
     VoidTransform,
     YearTransform,
 )
+from pyiceberg.types import NestedField
 
 from lakesink_datasource.options import OptionError
 
@@ -93,6 +94,18 @@ def parse_term(term: str, option: str = "partition_by") -> tuple[Transform, str,
     )
 
 
+def source_field(schema: Schema, transform: Transform, column: str, term: str, option: str = "partition_by") -> NestedField:
+    """The column a term's transform applies to; OptionError when it is not in `schema` or the
+    transform cannot take its type."""
+    try:
+        source = schema.find_field(column, case_sensitive=False)
+    except ValueError:
+        raise OptionError(f"option '{option}': column '{column}' is not in the schema") from None
+    if not transform.can_transform(source.field_type):
+        raise OptionError(f"option '{option}': {term!r} cannot be applied to column '{column}' of type {source.field_type}")
+    return source
+
+
 def parse_partition_spec(text: str | None, schema: Schema) -> PartitionSpec:
     """Build a spec against `schema`; OptionError names the option and the bad term."""
     if text is None or not text.strip():
@@ -103,12 +116,7 @@ def parse_partition_spec(text: str | None, schema: Schema) -> PartitionSpec:
         if not term:
             raise OptionError(f"option 'partition_by' has an empty term: {text!r}")
         transform, column, suffix = parse_term(term)
-        try:
-            source = schema.find_field(column, case_sensitive=False)
-        except ValueError:
-            raise OptionError(f"option 'partition_by': column '{column}' is not in the schema") from None
-        if not transform.can_transform(source.field_type):
-            raise OptionError(f"option 'partition_by': {term!r} cannot be applied to column '{column}' of type {source.field_type}")
+        source = source_field(schema, transform, column, term)
         name = source.name + suffix if "." not in column else column.replace(".", "_") + suffix
         if name in names:
             raise OptionError(f"option 'partition_by': partition field {name!r} appears twice")

@@ -16,7 +16,7 @@ from pyiceberg.table.sorting import NullOrder, SortDirection, SortField, SortOrd
 from pyiceberg.transforms import IdentityTransform
 
 from lakesink_datasource.options import OptionError
-from lakesink_datasource.table.partition_spec import parse_term, split_terms
+from lakesink_datasource.table.partition_spec import parse_term, source_field, split_terms
 
 _SUFFIX = re.compile(r"^(.*?)(?:\s+(ASC|DESC))?(?:\s+NULLS\s+(FIRST|LAST))?\s*$", re.IGNORECASE | re.DOTALL)
 
@@ -34,12 +34,7 @@ def parse_sort_order(text: str | None, schema: Schema) -> SortOrder | None:
         if not expression:
             raise OptionError(f"option 'sort_by' has an empty term: {text!r}")
         transform, column, _ = parse_term(expression, "sort_by")
-        try:
-            source = schema.find_field(column, case_sensitive=False)
-        except ValueError:
-            raise OptionError(f"option 'sort_by': column '{column}' is not in the schema") from None
-        if not transform.can_transform(source.field_type):
-            raise OptionError(f"option 'sort_by': {expression!r} cannot be applied to column '{column}' of type {source.field_type}")
+        source = source_field(schema, transform, column, expression, "sort_by")
         descending = direction == "DESC"
         null_order = (NullOrder.NULLS_LAST if descending else NullOrder.NULLS_FIRST) if nulls is None else (
             NullOrder.NULLS_FIRST if nulls.upper() == "FIRST" else NullOrder.NULLS_LAST

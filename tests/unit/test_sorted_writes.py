@@ -155,6 +155,16 @@ def _file_rows(path: str) -> list[dict]:
 SORT_BY = "days(ts), id DESC"
 
 
+def _assert_files_sorted(warehouse: str, order: SortOrder, files: int) -> None:
+    table = load(warehouse, "db.t")
+    live = [e.data_file for e in live_data_files(table.io, table.metadata.current_snapshot())]
+    assert len(live) == files
+    for f in live:
+        assert f.sort_order_id == 1
+        rows = _file_rows(f.file_path)
+        assert rows == _model_sorted(rows, order)
+
+
 def test_appends_and_compaction_write_files_sorted_by_the_tables_order(warehouse: str) -> None:
     batches = [[(i * 7919) % 1000 for i in range(b * 300, b * 300 + 300)] for b in range(3)]
     for ids in batches:
@@ -162,20 +172,9 @@ def test_appends_and_compaction_write_files_sorted_by_the_tables_order(warehouse
     table = load(warehouse, "db.t")
     order = table.metadata.sort_order()
     assert order.order_id == 1 and len(order.fields) == 2
-    files = [e.data_file for e in live_data_files(table.io, table.metadata.current_snapshot())]
-    assert len(files) == 6
-    for f in files:
-        assert f.sort_order_id == 1
-        rows = _file_rows(f.file_path)
-        assert rows == _model_sorted(rows, order)
+    _assert_files_sorted(warehouse, order, files=6)
     assert compact(table, budget_bytes=1 << 40, tiered=False).snapshot_id is not None
-    table = load(warehouse, "db.t")
-    files = [e.data_file for e in live_data_files(table.io, table.metadata.current_snapshot())]
-    assert len(files) == 2
-    for f in files:
-        assert f.sort_order_id == 1
-        rows = _file_rows(f.file_path)
-        assert rows == _model_sorted(rows, order)
+    _assert_files_sorted(warehouse, order, files=2)
     everything = [r for ids in batches for r in _rows(ids)]
     assert_readers_see(warehouse, "db.t", expected_rows(everything, ["id", "s", "ts"]), ["id", "s", "ts"])
 
