@@ -47,7 +47,7 @@ from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg import outage
 from lakesink_datasource.iceberg import summary_keys as keys
 from lakesink_datasource.iceberg.expiry import snapshots_to_expire
-from lakesink_datasource.iceberg.gc import GC_OFF_NOTE, gc_enabled
+from lakesink_datasource.iceberg.gc import GC_OFF_NOTE
 from lakesink_datasource.iceberg.live_files import live_data_files
 from lakesink_datasource.iceberg.partition_key import decode_partition
 from lakesink_datasource.iceberg.properties import TOMBSTONE_MAX_SEQUENCE, TableSettings
@@ -298,12 +298,12 @@ def _attempt(
     )
 
 
-def _after_commit(table: Table, before: Table, attempt: PreparedCommit) -> int:
+def _after_commit(table: Table, before: Table, attempt: PreparedCommit, gc_enabled: bool) -> int:
     """Delete what the commit made unreferenced; returns how many files went. On a table
     with gc.enabled=false the expired snapshots' files stay (another table may share them);
     the metadata files it dropped from its log are its own and go."""
     deleted = cleanup.delete_files(table.io, cleanup.dropped_metadata_files(before.metadata, before.metadata_location, table.metadata))
-    if attempt.expired and gc_enabled(attempt.base.properties):
+    if attempt.expired and gc_enabled:
         deleted += len(cleanup.expire(table.io, attempt.base, attempt.expired, attempt.snapshot))
     return deleted
 
@@ -541,10 +541,8 @@ def _maintenance_note(plan: WritePlan, metadata: TableMetadata, settings: TableS
 
 def _landed_attempt(producer: SnapshotProducer, metadata: TableMetadata) -> int | None:
     """The attempt of `producer` that the table holds (its answer was lost), or None."""
-    for snapshot in metadata.snapshots:
-        if snapshot.snapshot_id == producer.snapshot_id:
-            return producer.attempt_of(snapshot)
-    return None
+    snapshot = metadata.snapshot_by_id(producer.snapshot_id)
+    return producer.attempt_of(snapshot) if snapshot is not None else None
 
 
 def _committed(
@@ -560,7 +558,7 @@ def _committed(
     fault_point("after_commit", batch_id)
     snapshot = attempt.snapshot
     assert snapshot is not None  # a batch commit always adds one
-    removed = _after_commit(committed, table, attempt)
+    removed = _after_commit(committed, table, attempt, _write_settings(plan, attempt.base).gc_enabled)
     seconds = time.perf_counter() - started
     dvs = len(producer.last.deletion_vectors)
     event = {

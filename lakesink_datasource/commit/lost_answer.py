@@ -105,4 +105,7 @@ def swap_settled(table: Table, prepared: PreparedCommit, *, what: str) -> Table:
             return reloaded
         if _head_id(reloaded.metadata, prepared.branch) != expected_head:
             raise CommitFailedException(f"{what}: another commit landed first; this one did not land")
-        table = reloaded  # not landed (yet): the same commit again, on the same head
+        # Not landed (yet): the same commit again, on the same head, after the pause a
+        # catalog that is failing its commits gets between tries.
+        table = reloaded
+        time.sleep(wait)

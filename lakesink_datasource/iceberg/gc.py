@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from lakesink_datasource.errors import LakesinkError
-from lakesink_datasource.iceberg.properties import GC_ENABLED
+from lakesink_datasource.iceberg.properties import GC_ENABLED, gc_enabled
 
 GC_OFF_NOTE = (
     f"maintenance that deletes files is off: table property {GC_ENABLED}=false (its files may be shared with another "
@@ -25,10 +25,6 @@ GC_OFF_NOTE = (
 
 class GcDisabled(LakesinkError, RuntimeError):
     """A deletion of table files refused because the table has gc.enabled=false."""
-
-
-def gc_enabled(properties: Mapping[str, str]) -> bool:
-    return str(properties.get(GC_ENABLED, "true")).strip().lower() != "false"
 
 
 def refuse_deleting(properties: Mapping[str, str], table: str, what: str) -> None:

@@ -121,6 +121,11 @@ def _choice(props: Mapping[str, str], name: str, default: str, choices: tuple[st
     return value
 
 
+def gc_enabled(props: Mapping[str, str]) -> bool:
+    """`gc.enabled` (default true): false forbids maintenance to delete the table's files."""
+    return _bool(props, GC_ENABLED, True)
+
+
 def _bloom_filters(props: Mapping[str, str]) -> dict[str, float]:
     """Columns with `write.parquet.bloom-filter-enabled.column.<name>=true`, each with its
     `write.parquet.bloom-filter-fpp.column.<name>` (default 0.01)."""
@@ -195,7 +200,7 @@ class TableSettings:
             avro_codec=AVRO_CODECS[_choice(props, AVRO_COMPRESSION, "gzip", AVRO_CODECS)],
             metadata_previous_versions_max=_int(props, METADATA_PREVIOUS_VERSIONS_MAX, 100, minimum=1),
             metadata_delete_after_commit=_bool(props, METADATA_DELETE_AFTER_COMMIT, False),
-            gc_enabled=_bool(props, GC_ENABLED, True),
+            gc_enabled=gc_enabled(props),
             bloom_filters=_bloom_filters(props),
             bloom_filter_max_bytes=_int(props, BLOOM_MAX_BYTES, DEFAULT_BLOOM_MAX_BYTES, minimum=1),
             manifest_merge_enabled=_bool(props, MANIFEST_MERGE_ENABLED, True),
