@@ -127,21 +127,22 @@ def parse_partition_spec(text: str | None, schema: Schema) -> PartitionSpec:
 
 def describe_spec(spec: PartitionSpec, schema: Schema) -> str:
     """`spec` in the `partition_by` syntax ("days(ts), bucket(4, id)"; "unpartitioned")."""
-    terms = []
-    for f in spec.fields:
-        column = schema.find_column_name(f.source_id) or f"field {f.source_id}"
-        t = f.transform
-        if isinstance(t, IdentityTransform):
-            terms.append(column)
-        elif isinstance(t, BucketTransform):
-            terms.append(f"bucket({t.num_buckets}, {column})")
-        elif isinstance(t, TruncateTransform):
-            terms.append(f"truncate({t.width}, {column})")
-        elif isinstance(t, (YearTransform, MonthTransform, DayTransform, HourTransform)):
-            terms.append(f"{t!s}s({column})")
-        else:
-            terms.append(f"{t}({column})")
+    terms = [describe_term(f.transform, f.source_id, schema) for f in spec.fields]
     return ", ".join(terms) or "unpartitioned"
+
+
+def describe_term(t: Transform, source_id: int, schema: Schema) -> str:
+    """A transform of a column in the option syntax: "id", "bucket(4, id)", "days(ts)"."""
+    column = schema.find_column_name(source_id) or f"field {source_id}"
+    if isinstance(t, IdentityTransform):
+        return column
+    if isinstance(t, BucketTransform):
+        return f"bucket({t.num_buckets}, {column})"
+    if isinstance(t, TruncateTransform):
+        return f"truncate({t.width}, {column})"
+    if isinstance(t, (YearTransform, MonthTransform, DayTransform, HourTransform)):
+        return f"{t!s}s({column})"
+    return f"{t}({column})"
 
 
 def same_layout(a: PartitionSpec, b: PartitionSpec) -> bool:

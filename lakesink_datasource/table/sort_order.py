@@ -13,10 +13,9 @@ import re
 
 from pyiceberg.schema import Schema
 from pyiceberg.table.sorting import NullOrder, SortDirection, SortField, SortOrder
-from pyiceberg.transforms import IdentityTransform
 
 from lakesink_datasource.options import OptionError
-from lakesink_datasource.table.partition_spec import parse_term, source_field, split_terms
+from lakesink_datasource.table.partition_spec import describe_term, parse_term, source_field, split_terms
 
 _SUFFIX = re.compile(r"^(.*?)(?:\s+(ASC|DESC))?(?:\s+NULLS\s+(FIRST|LAST))?\s*$", re.IGNORECASE | re.DOTALL)
 
@@ -52,20 +51,11 @@ def describe_order(order: SortOrder, schema: Schema) -> str:
         return "unsorted"
     terms = []
     for f in order.fields:
-        column = schema.find_column_name(f.source_id) or f"field {f.source_id}"
-        expression = column if isinstance(f.transform, IdentityTransform) else _call(str(f.transform), column)
+        expression = describe_term(f.transform, f.source_id, schema)
         direction = "DESC" if f.direction == SortDirection.DESC else "ASC"
         nulls = "NULLS FIRST" if f.null_order == NullOrder.NULLS_FIRST else "NULLS LAST"
         terms.append(f"{expression} {direction} {nulls}")
     return ", ".join(terms)
-
-
-def _call(transform: str, column: str) -> str:
-    """pyiceberg's `bucket[16]` / `day` as the option's `bucket(16, col)` / `days(col)`."""
-    bracket = re.match(r"^(\w+)\[(\d+)\]$", transform)
-    if bracket:
-        return f"{bracket.group(1)}({bracket.group(2)}, {column})"
-    return f"{transform}s({column})" if transform in ("year", "month", "day", "hour") else f"{transform}({column})"
 
 
 def same_order(a: SortOrder, b: SortOrder) -> bool:
