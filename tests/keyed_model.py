@@ -61,6 +61,7 @@ class Config:
     partition_by: str | None = None
     sequence: bool = False
     format_version: int = 3  # 2: position-delete files instead of DVs, no row lineage
+    sort_by: str | None = None  # the table's sort order (option sort_by)
 
     @property
     def columns(self) -> list[str]:
@@ -68,7 +69,8 @@ class Config:
         return ["id", "v", "ts"] + (["seq"] if self.sequence else [])
 
     def __str__(self) -> str:
-        return f"{self.operation}/{self.partition_by or 'unpartitioned'}/{'seq' if self.sequence else 'noseq'}/v{self.format_version}"
+        sorted_by = f"/sorted by {self.sort_by}" if self.sort_by else ""
+        return f"{self.operation}/{self.partition_by or 'unpartitioned'}/{'seq' if self.sequence else 'noseq'}/v{self.format_version}{sorted_by}"
 
 
 def spark_schema(config: Config) -> T.StructType:
@@ -296,6 +298,8 @@ class Harness:
             raw["partition_by"] = config.partition_by
         if config.format_version != 3:
             raw["format_version"] = str(config.format_version)
+        if config.sort_by:
+            raw["sort_by"] = config.sort_by
         self.options = parse_options(raw)
         self.schema = spark_schema(config)
 

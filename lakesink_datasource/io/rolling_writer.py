@@ -146,6 +146,7 @@ class _Partition:
     assigned_rows: int = 0  # rows assigned to that file (written + buffered)
     path: str | None = None  # that file's location, named once per file
     file: _OpenFile | None = None
+    last_row: pa.Table | None = None  # the file's last row so far, for runs sorted on arrival
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,7 @@ class PartitionedParquetWriter:
         target_file_size: int | None = None,
         max_open_files: int | None = None,
         row_order: RowOrder | None = None,
+        sort_on_arrival: bool = False,
     ) -> PartitionedParquetWriter:
         """A writer laid out by the table's Parquet properties (row group size, codec and
         level, page and dictionary sizes), rolling files at `target_file_size` or else the
@@ -203,6 +205,7 @@ class PartitionedParquetWriter:
             bloom_filters=settings.bloom_filters,
             bloom_filter_max_bytes=settings.bloom_filter_max_bytes,
             row_order=row_order,
+            sort_on_arrival=sort_on_arrival,
         )
 
     def __init__(
@@ -225,11 +228,15 @@ class PartitionedParquetWriter:
         bloom_filters: Mapping[str, float] | None = None,
         bloom_filter_max_bytes: int = 1024 * 1024,
         row_order: RowOrder | None = None,
+        sort_on_arrival: bool = False,
     ) -> None:
-        """`row_order`: sort each file's rows by the table's sort order. A file is then
-        written whole (one or more row groups) and closed when its rows are flushed, so it is
-        one sorted run (its manifest entry names the order). Rows' positions are only known
-        once flushed: no caller that records placements (keyed writes) may ask for it."""
+        """`row_order`: every file is one run sorted by the table's sort order (its manifest
+        entry names the order). By default a partition's buffer is sorted when it is flushed,
+        then written whole and the file closed; rows' positions are then only known once
+        flushed. With `sort_on_arrival` (for callers that record placements as rows arrive:
+        keyed writes) rows come in through `write_sorted`, each call sorted as it arrives and
+        appended to the partition's file when it continues the file's run, else given a new
+        file."""
         if min(target_file_size, row_group_bytes, buffer_limit_bytes) <= 0:
             raise ValueError("target_file_size, row_group_bytes and buffer_limit_bytes must be positive")
         if max_open_files is not None and max_open_files < 1:
@@ -245,7 +252,8 @@ class PartitionedParquetWriter:
         # A sorted file is written whole when its buffer fills: up to half the writer's
         # buffer, so a table with small row groups gets several per file, each covering its
         # own range of the sort key (what min/max pruning skips by).
-        self._flush_bytes = max(row_group_bytes, buffer_limit_bytes // 2) if row_order is not None else row_group_bytes
+        sorts_at_flush = row_order is not None and not sort_on_arrival
+        self._flush_bytes = max(row_group_bytes, buffer_limit_bytes // 2) if sorts_at_flush else row_group_bytes
         self._buffer_limit = buffer_limit_bytes
         self._compression = compression
         self._compression_level = compression_level
@@ -253,7 +261,10 @@ class PartitionedParquetWriter:
         self._dictionary_bytes = dictionary_bytes
         self._max_open_files = max_open_files
         self._bloom_filters = bloom_filter_options(bloom_filters or {}, bloom_filter_max_bytes, arrow_schema)
+        if sort_on_arrival and row_order is None:
+            raise ValueError("sort_on_arrival needs a row_order")
         self._row_order = row_order
+        self._sort_on_arrival = sort_on_arrival
         self._sorting_columns = row_order.sorting_columns(arrow_schema) if row_order is not None else None
 
         self._partitions: dict[PartitionKey, _Partition] = {}
@@ -295,6 +306,11 @@ class PartitionedParquetWriter:
     def open_files(self) -> int:
         return len(self._open)
 
+    @property
+    def sorts_on_arrival(self) -> bool:
+        """Rows must come in through `write_sorted` (the files are sorted runs)."""
+        return self._sort_on_arrival
+
     # -- handing rows in ------------------------------------------------------------------
 
     def write(self, key: PartitionKey, table: pa.Table, flush: bool = True) -> list[Placement]:
@@ -305,6 +321,8 @@ class PartitionedParquetWriter:
         after releasing it.
         """
         self._check_open()
+        if self._sort_on_arrival:
+            raise RuntimeError("this writer sorts rows as they arrive: hand them in with write_sorted")
         if table.num_rows == 0:
             return []
         segment = self._segment(_unpin(self._conform(table)))
@@ -312,10 +330,38 @@ class PartitionedParquetWriter:
         self._after_buffering(flush)
         return placements
 
+    def write_sorted(self, key: PartitionKey, table: pa.Table, flush: bool = True) -> tuple[np.ndarray, list[Placement]]:
+        """Sort rows of one partition by the row order and assign them to files as one run;
+        returns the order (row i of the run is row order[i] of `table`) and where the run's
+        rows land (offsets into the run).
+
+        The run goes on the partition's current file when its first row sorts at or after
+        the file's last row (a stream whose sort key grows fills files as an unsorted table
+        would); otherwise the file ends and the run starts a new one.
+        """
+        self._check_open()
+        order = self._row_order
+        if order is None or not self._sort_on_arrival:
+            raise RuntimeError("write_sorted needs a writer made with sort_on_arrival")
+        if table.num_rows == 0:
+            return np.zeros(0, dtype=np.int64), []
+        indices = order.indices(table)
+        run = self._conform(table).take(indices)  # a copy: pins nothing of the input
+        part = self._partitions.get(key)
+        if part is not None and part.assigned_rows and part.last_row is not None and not order.follows(part.last_row, run.slice(0, 1)):
+            self._roll(part)
+        placements = self._assign(key, self._segment(run), 0, run.num_rows)
+        # A copy of one row: a slice would keep the whole run alive after it is written.
+        self._partitions[key].last_row = run.take(pa.array([run.num_rows - 1]))
+        self._after_buffering(flush)
+        return indices.to_numpy(zero_copy_only=False).astype(np.int64, copy=False), placements
+
     def write_groups(self, table: pa.Table, groups: list[tuple[PartitionKey, int, int]]) -> None:
         """Buffer a table whose rows are grouped by partition: `groups` lists each partition's
         (key, first row, rows). The table is kept once; partitions hold ranges of it."""
         self._check_open()
+        if self._sort_on_arrival:
+            raise RuntimeError("this writer sorts rows as they arrive: hand them in with write_sorted")
         if table.num_rows == 0:
             return
         segment = self._segment(self._conform(table))
@@ -414,6 +460,7 @@ class PartitionedParquetWriter:
             self._close_file(part)
         part.assigned_rows = 0
         part.path = None
+        part.last_row = None
 
     # -- finishing ------------------------------------------------------------------------
 
@@ -501,7 +548,8 @@ class PartitionedParquetWriter:
                 self._drop_segment(segment)
         file = part.file if part.file is not None else self._open_file(part)
         rows = table.num_rows
-        if self._row_order is not None:
+        sorts_at_flush = self._row_order is not None and not self._sort_on_arrival
+        if self._row_order is not None and sorts_at_flush:
             # The file's rows sorted and written whole, then the file ends (later rows of
             # the partition go to the next file): a file is one sorted run.
             table = self._row_order.sort(table)
@@ -510,7 +558,7 @@ class PartitionedParquetWriter:
         group_rows = math.ceil(rows / max(1, table.nbytes // self._row_group_bytes))
         for offset in range(0, rows, group_rows):
             self._write_row_group(part, file, table.slice(offset, group_rows))
-        if self._row_order is not None:
+        if sorts_at_flush:
             self._close_file(part)
             part.path = None
             part.assigned_rows = 0

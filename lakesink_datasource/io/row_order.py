@@ -71,6 +71,11 @@ class RowOrder:
         keys.append(("_position", "ascending", "at_end"))
         return pc.sort_indices(pa.table(arrays), sort_keys=keys)
 
+    def follows(self, last: pa.Table, first: pa.Table) -> bool:
+        """Whether the one row of `first` may come after the one row of `last` in a run
+        sorted by this order (ties may: the sort is stable)."""
+        return self.indices(pa.concat_tables([last, first])).to_pylist() == [0, 1]
+
     def sort(self, table: pa.Table) -> pa.Table:
         return table.take(self.indices(table)) if table.num_rows > 1 else table
 

@@ -163,6 +163,8 @@ class KeyedWriter:
         if not changes.keys:
             return
         self._hashes.append(key_hashes(changes.keys))
+        # A sorted table's rows are placed before the index is asked (see _place_ahead).
+        ahead = self._place_ahead(aligned, changes) if self._writer.sorts_on_arrival else None
         started = time.perf_counter()
 
         def decide(which: np.ndarray, found: Found, ordinal_of: Callable[[str], int]) -> tuple[np.ndarray, list[bytes | None]]:
@@ -184,7 +186,11 @@ class KeyedWriter:
                 values += pack_positions(TOMBSTONE, np.zeros(len(tombstones), dtype=np.uint64), sequences)
                 self.tombstone_max = max([*sequences, *([self.tombstone_max] if self.tombstone_max is not None else [])])
             chosen = np.flatnonzero(write_mask)
-            if len(chosen):
+            if ahead is not None:
+                placed, packed = ahead.locate(which, write_mask, part.sequences, ordinal_of, self._ordinal, self._hide)
+                changed.append(placed)
+                values += packed
+            elif len(chosen):
                 placed, packed = self._place(aligned.take(pa.array(part.rows[chosen])), chosen, part.sequences, ordinal_of)
                 changed.append(placed)
                 values += packed
@@ -267,6 +273,29 @@ class KeyedWriter:
                 packed += pack_locations(ordinal, placement.position, placement.rows, take_items(sequences, which) if sequences else None)
         return (np.concatenate(placed) if placed else np.zeros(0, dtype=np.int64)), packed
 
+    def _place_ahead(self, aligned: pa.Table, changes: Changes) -> _PlacedAhead:
+        """Hand every row the chunk may write to the writer at once, each partition's rows as
+        one sorted run, before the index decides which of them are written.
+
+        Sorting needs a partition's rows together, while the index decides them shard by
+        shard: placed per shard, each shard's rows would be a run of their own (eight files
+        per partition and chunk). A row the index then turns down (a late change, a key
+        dedupe already has) is in the file anyway and hidden there by the batch's deletion
+        vector, as a row replaced within the batch is; the next compaction drops it."""
+        candidates = np.flatnonzero(~changes.is_delete)
+        ahead = _PlacedAhead(len(changes.keys))
+        if not len(candidates):
+            return ahead
+        rows = aligned.take(pa.array(changes.rows[candidates]))
+        for partition, indices in self._splitter.split_rows(rows):
+            part_rows = rows.take(pa.array(indices)) if len(indices) != rows.num_rows else rows
+            order, placements = self._writer.write_sorted(partition, part_rows, flush=False)
+            in_run = np.asarray(indices, dtype=np.int64)[order]
+            for placement in placements:
+                which = candidates[in_run[placement.offset : placement.offset + placement.rows]]
+                ahead.put(which, FileRef(placement.path, self._spec_id, partition), placement.position)
+        return ahead
+
     def _ordinal(self, ref: FileRef, ordinal_of: Callable[[str], int]) -> int:
         encoded = encode_ref(ref)
         ordinal = self._ordinals.get(encoded)
@@ -311,3 +340,50 @@ class KeyedWriter:
         if not self._hashes:
             return b""
         return unique_sorted(np.concatenate(self._hashes)).astype("<u8").tobytes()
+
+
+class _PlacedAhead:
+    """Where each change of a chunk was placed before the index decided it (sorted tables):
+    a file (by its place in `refs`) and a position, -1 for a change not placed (a delete)."""
+
+    def __init__(self, changes: int) -> None:
+        self.refs: list[FileRef] = []
+        self.file = np.full(changes, -1, dtype=np.int64)
+        self.position = np.zeros(changes, dtype=np.int64)
+
+    def put(self, which: np.ndarray, ref: FileRef, first_position: int) -> None:
+        if not self.refs or self.refs[-1] != ref:
+            self.refs.append(ref)
+        self.file[which] = len(self.refs) - 1
+        self.position[which] = np.arange(first_position, first_position + len(which), dtype=np.int64)
+
+    def locate(
+        self,
+        which: np.ndarray,
+        written: np.ndarray,
+        sequences: list[bytes] | None,
+        ordinal_of: Callable[[str], int],
+        ordinal: Callable[[FileRef, Callable[[str], int]], int],
+        hide: Callable[[np.ndarray, np.ndarray], None],
+    ) -> tuple[np.ndarray, list[bytes | None]]:
+        """One shard's changes (`which` indexes the chunk's): the index entries of those the
+        index let through (`written`, indexing `which`) and which they are; the rest of the
+        placed rows are hidden."""
+        files = self.file[which]
+        positions = self.position[which]
+        turned_down = np.flatnonzero((files >= 0) & ~written)
+        for f in np.unique(files[turned_down]).tolist():
+            at = turned_down[files[turned_down] == f]
+            hide(np.full(len(at), ordinal(self.refs[f], ordinal_of), dtype=np.int64), positions[at])
+        placed: list[np.ndarray] = []
+        packed: list[bytes | None] = []
+        kept = np.flatnonzero(written)
+        if (files[kept] < 0).any():
+            raise RuntimeError("a change the index let through was not placed ahead")  # a bug: its row would be lost
+        for f in np.unique(files[kept]).tolist():
+            at = kept[files[kept] == f]
+            placed.append(at)
+            packed += pack_positions(
+                ordinal(self.refs[f], ordinal_of), positions[at].astype(np.uint64), take_items(sequences, at) if sequences else None
+            )
+        return (np.concatenate(placed) if placed else np.zeros(0, dtype=np.int64)), packed

@@ -225,9 +225,10 @@ def write_task(
         # Each open file holds memory of its own (stream buffer, writer state), so a task
         # keeps at most this many open (the least recently written closes).
         max_open_files=MAX_OPEN_FILES,
+        row_order=(row_order := RowOrder.of(metadata.sort_order(), schema)),
         # Keyed writes record each row's position as it arrives, before a file is written:
-        # their rows cannot be reordered there (their files stay unsorted, labelled so).
-        row_order=RowOrder.of(metadata.sort_order(), schema) if plan.keyed is None else None,
+        # their rows are sorted as they arrive, a chunk's rows of a partition as one run.
+        sort_on_arrival=plan.keyed is not None and row_order is not None,
     )
     # Rows an overwrite with replace_where writes must match its filter (as Delta checks):
     # the overwrite replaces exactly the matching rows, so a row outside it would land

@@ -14,15 +14,22 @@ v, ts and seq, as multisets) and `check_table` must report nothing. The model li
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from unittest.mock import patch
+
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 from hypothesis_profiles import examples
 from keyed_model import Config, Harness, Model, label_batches, micro_batches
 from lakesink_testing import duckdb_connection
+from sort_model import is_sorted
 
+from lakesink_datasource.iceberg.live_files import live_data_files
 from lakesink_datasource.iceberg.summary_keys import MOVED_DELETES
 from lakesink_datasource.maintenance.compaction import compact
+from lakesink_datasource.write import task as task_module
 
 PARTITIONS = st.sampled_from([None, "bucket(4, id)", "days(ts)"])
 SETTINGS = settings(
@@ -33,7 +40,7 @@ SETTINGS = settings(
 )
 
 
-def run_against_model(config: Config, batches: list) -> None:
+def run_against_model(config: Config, batches: list, check: Callable[[Harness], None] | None = None) -> None:
     labelled = label_batches(config, batches)
     with Harness(config) as harness:
         model = Model(config)
@@ -42,6 +49,8 @@ def run_against_model(config: Config, batches: list) -> None:
             model.apply_batch(batch)
             note(f"batch {batch_id}: {outcome.skipped_reason or 'committed'}; model {sorted(model.live.items())}")
             harness.assert_matches(model.expected(), f"after batch {batch_id}")
+            if check is not None:
+                check(harness)
 
 
 CASES = [
@@ -60,6 +69,39 @@ def test_keyed_writes_match_the_model(operation: str, sequence: bool, data: st.D
     partition_by = data.draw(PARTITIONS, label="partition_by")
     batches = data.draw(micro_batches(operation, sequence), label="batches")
     run_against_model(Config(operation, partition_by, sequence), batches)
+
+
+def assert_every_file_sorted(harness: Harness) -> None:
+    """Every live data file is one run in the table's sort order and labelled with it,
+    hidden rows included (a file is sorted as written)."""
+    table = harness.table()
+    snapshot = table.metadata.current_snapshot()
+    if snapshot is None:
+        return
+    order = table.metadata.sort_order()
+    for entry in live_data_files(table.io, snapshot):
+        assert entry.data_file.sort_order_id == order.order_id
+        written = pq.read_table(entry.data_file.file_path.removeprefix("file://")).to_pylist()
+        assert is_sorted(written, order, table.schema()), f"{entry.data_file.file_path} is not sorted by {order}"
+
+
+SORTS = st.sampled_from(["id DESC", "v, id", "days(ts), id DESC NULLS LAST", "bucket(3, id), v DESC NULLS LAST"])
+SORTED_CASES = [("upsert", False), ("cdc", True), ("dedupe", False)]
+
+
+@pytest.mark.parametrize(("operation", "sequence"), SORTED_CASES, ids=[f"{op}-{'seq' if s else 'noseq'}" for op, s in SORTED_CASES])
+@SETTINGS
+@given(data=st.data())
+def test_keyed_writes_into_a_sorted_table_match_the_model_in_sorted_files(operation: str, sequence: bool, data: st.DataObject) -> None:
+    """Chunks of 1-6 rows: a task's rows arrive as several sorted runs, some continuing the
+    file, some starting one; rows replaced, deleted or turned down (late changes, dedupe's
+    duplicates) within the batch are hidden at their sorted positions."""
+    partition_by = data.draw(PARTITIONS, label="partition_by")
+    sort_by = data.draw(SORTS, label="sort_by")
+    chunk_rows = data.draw(st.integers(1, 6), label="chunk_rows")
+    batches = data.draw(micro_batches(operation, sequence), label="batches")
+    with patch.object(task_module, "CHUNK_ROWS", chunk_rows):
+        run_against_model(Config(operation, partition_by, sequence, sort_by=sort_by), batches, check=assert_every_file_sorted)
 
 
 @pytest.mark.parametrize(("operation", "sequence"), [("cdc", True), ("upsert", False)], ids=["cdc-seq", "upsert-noseq"])

@@ -5,7 +5,7 @@
   input order.
 - Through the production path without Spark: appends and compaction output are sorted
   within each file and labelled with the order (Parquet `sorting_columns` for leading
-  identity fields); keyed writes, whose rows cannot be reordered, are labelled unsorted;
+  identity fields); keyed writes too, a chunk's rows of a partition as one sorted run;
   `sort_by` creates the order, and is refused when it differs from an existing table's.
 """
 
@@ -36,6 +36,7 @@ from pyiceberg.transforms import (
 )
 from pyiceberg.types import LongType, NestedField, StringType, TimestampType
 from pyspark.sql import types as T
+from sort_model import model_sorted
 
 from lakesink_datasource.commit.committer import commit_write
 from lakesink_datasource.iceberg.live_files import live_data_files
@@ -45,6 +46,7 @@ from lakesink_datasource.messages import decode_messages
 from lakesink_datasource.options import OptionError, parse_options
 from lakesink_datasource.schema.arrow_align import table_arrow_schema
 from lakesink_datasource.table.setup import plan_write
+from lakesink_datasource.write import task as task_module
 from lakesink_datasource.write.task import TaskIdentity, write_task
 
 ICEBERG = Schema(NestedField(1, "id", LongType()), NestedField(2, "s", StringType()), NestedField(3, "ts", TimestampType()))
@@ -55,50 +57,8 @@ EPOCH = dt.datetime(1970, 1, 1)
 # ----------------------------------------------------------------- the model
 
 
-def _internal(field_id: int, value: object) -> object:
-    """A source value as pyiceberg's scalar transforms take it (timestamps as micros)."""
-    if value is None:
-        return None
-    if field_id == 3:
-        assert isinstance(value, dt.datetime)
-        return (value - EPOCH) // dt.timedelta(microseconds=1)
-    return value
-
-
 def _model_sorted(rows: list[dict], order: SortOrder) -> list[dict]:
-    """Iceberg's order by a plain sort per field, last field first (Python's sort is stable)."""
-    names = {1: "id", 2: "s", 3: "ts"}
-    types = {1: LongType(), 2: StringType(), 3: TimestampType()}
-    out = list(rows)
-    for field in reversed(order.fields):
-        if isinstance(field.transform, VoidTransform):
-            continue
-        fn = field.transform.transform(types[field.source_id])
-
-        def key(row: dict, field: SortField = field, fn: object = fn) -> object:
-            value = _internal(field.source_id, row[names[field.source_id]])
-            return None if value is None else fn(value)  # type: ignore[operator]
-
-        present = [r for r in out if key(r) is not None]
-        missing = [r for r in out if key(r) is None]
-        descending = field.direction == SortDirection.DESC
-        # Strings compare by their UTF-8 bytes, as Iceberg's comparator does.
-        present.sort(key=lambda r: (lambda k: k.encode() if isinstance(k, str) else k)(key(r)), reverse=descending)
-        if descending:  # a reversed stable sort reverses ties: restore their input order
-            present = _stable_reverse(present, key)
-        out = missing + present if field.null_order == NullOrder.NULLS_FIRST else present + missing
-    return out
-
-
-def _stable_reverse(rows: list[dict], key: object) -> list[dict]:
-    groups: list[list[dict]] = []
-    for row in rows:
-        if groups and key(groups[-1][0]) == key(row):  # type: ignore[operator]
-            groups[-1].append(row)
-        else:
-            groups.append([row])
-    # sort(reverse=True) keeps ties in input order already (Python guarantees stability).
-    return [r for g in groups for r in g]
+    return model_sorted(rows, order, ICEBERG)
 
 
 TRANSFORMS: dict[int, list[Transform]] = {
@@ -190,13 +150,35 @@ def test_a_leading_identity_field_is_in_parquets_sorting_columns(warehouse: str)
     assert [r["id"] for r in _file_rows(entry.data_file.file_path)] == [9, 5, 3, 3, 1]
 
 
-def test_keyed_writes_into_a_sorted_table_are_labelled_unsorted(warehouse: str) -> None:
-    keyed = {"operation": "upsert", "primary_key": "id", "index_dir": f"{warehouse}/idx", "sort_by": "id"}
-    _write(warehouse, _rows([5, 3, 9]), **keyed)
-    _write(warehouse, _rows([3, 1]), **keyed)
+def test_keyed_writes_into_a_sorted_table_write_sorted_files(warehouse: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Until 2026-11-27 keyed writes left their files unsorted (labelled 0). Chunks of 4 rows:
+    a chunk's rows of a partition are one sorted run, which goes on the file when it sorts
+    after the file's last row and starts a file otherwise; keys replaced within the batch
+    are hidden at their sorted positions."""
+    monkeypatch.setattr(task_module, "CHUNK_ROWS", 4)
+    keyed = {"operation": "upsert", "primary_key": "id", "index_dir": f"{warehouse}/idx", "sort_by": SORT_BY, "maintenance": "off"}
+    first = [5, 3, 9, 12, 40, 7, 3, 1, 5, 22]  # 3 and 5 twice: the first copies hidden in the batch's own files
+    _write(warehouse, _rows(first), **keyed)
+    _write(warehouse, _rows([3, 1, 30, 2]), **keyed)
     table = load(warehouse, "db.t")
-    assert {e.data_file.sort_order_id for e in live_data_files(table.io, table.metadata.current_snapshot())} == {0}
-    assert_readers_see(warehouse, "db.t", expected_rows(_rows([5, 9, 3, 1]), ["id", "s"]), ["id", "s"])
+    order = table.metadata.sort_order()
+    live = [e.data_file for e in live_data_files(table.io, table.metadata.current_snapshot())]
+    for f in live:
+        assert f.sort_order_id == 1
+        rows = _file_rows(f.file_path)
+        assert rows == _model_sorted(rows, order), f.file_path
+    assert_readers_see(warehouse, "db.t", expected_rows(_rows([5, 9, 12, 40, 7, 22, 3, 1, 30, 2]), ["id", "s", "ts"]), ["id", "s", "ts"])
+
+
+def test_a_keyed_stream_whose_sort_key_grows_fills_one_file(warehouse: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs that continue the file's order go on it: ids arriving in order, sorted by id,
+    make one file of many chunks, as an unsorted table would."""
+    monkeypatch.setattr(task_module, "CHUNK_ROWS", 3)
+    _write(warehouse, _rows(list(range(20))), operation="upsert", primary_key="id", index_dir=f"{warehouse}/idx", sort_by="id")
+    table = load(warehouse, "db.t")
+    (entry,) = live_data_files(table.io, table.metadata.current_snapshot())
+    assert entry.data_file.sort_order_id == 1
+    assert [r["id"] for r in _file_rows(entry.data_file.file_path)] == list(range(20))
 
 
 def test_sort_by_is_checked_before_anything_is_written(warehouse: str) -> None:

@@ -56,8 +56,32 @@ def main(warehouse: str, phase: str, count: int = 6) -> None:
         model_file.write_text(json.dumps(model))
     from lakesink_datasource.locate import metadata_location
 
-    print(metadata_location("db.t", warehouse=warehouse))
+    location = metadata_location("db.t", warehouse=warehouse)
+    print(location)
     print(f"model: {len(model['rows'])} rows")
+    print(_sortedness(location))
+
+
+def _sortedness(location: str) -> str:
+    """How many live data files carry each sort order id, and whether those labelled 1 are
+    sorted by id (the table's order), hidden rows included."""
+    import pyarrow.parquet as pq
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+    from pyiceberg.serializers import FromInputFile
+
+    from lakesink_datasource.iceberg.live_files import live_data_files
+
+    io = PyArrowFileIO()
+    metadata = FromInputFile.table_metadata(io.new_input(location))
+    labels: dict[int, int] = {}
+    unsorted = []
+    for entry in live_data_files(io, metadata.current_snapshot()):
+        f = entry.data_file
+        labels[f.sort_order_id or 0] = labels.get(f.sort_order_id or 0, 0) + 1
+        ids = pq.read_table(f.file_path.removeprefix("file://"), columns=["id"]).column("id").to_pylist()
+        if f.sort_order_id == 1 and ids != sorted(ids):
+            unsorted.append(f.file_path)
+    return f"live data files by sort order id: {dict(sorted(labels.items()))}; labelled 1 but not sorted: {unsorted or 'none'}"
 
 
 if __name__ == "__main__":
