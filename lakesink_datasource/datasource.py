@@ -31,6 +31,7 @@ from lakesink_datasource.worker_gc import settle_imports
 if TYPE_CHECKING:
     from lakesink_datasource.options import WriteOptions
     from lakesink_datasource.read.stream import LakeSinkStreamReader
+    from lakesink_datasource.routing.route_plan import RoutedWrite
     from lakesink_datasource.table.plan import WritePlan
 
 # The rest is imported where it is used: Spark starts a Python process of its own for each
@@ -117,16 +118,27 @@ class LakeSinkDataSource(DataSource):
         return LakeSinkStreamReader(parse_read_options(self.options), schema)
 
     @without_traceback
-    def writer(self, schema: StructType, overwrite: bool) -> LakeSinkBatchWriter:
+    def writer(self, schema: StructType, overwrite: bool) -> LakeSinkBatchWriter | TablesBatchWriter:
         from lakesink_datasource.options import parse_options
+        from lakesink_datasource.routing.route_options import is_routed
+        from lakesink_datasource.routing.route_plan import plan_routed_write
 
+        if is_routed(self.options):
+            settle_imports()
+            return TablesBatchWriter(plan_routed_write(self.options, schema, overwrite))
         return LakeSinkBatchWriter(_timed_plan(parse_options(self.options), schema, overwrite))
 
     @without_traceback
-    def streamWriter(self, schema: StructType, overwrite: bool) -> LakeSinkStreamWriter | RoutedStreamWriter:
+    def streamWriter(self, schema: StructType, overwrite: bool) -> LakeSinkStreamWriter | RoutedStreamWriter | TablesStreamWriter:
         from lakesink_datasource.key_routing import routed_stream
         from lakesink_datasource.options import OptionError, parse_options
+        from lakesink_datasource.routing.route_options import is_routed
+        from lakesink_datasource.routing.route_plan import plan_routed_write
 
+        if is_routed(self.options):
+            # Rows routed to many tables (table_column): the tasks plan the tables they meet.
+            settle_imports()
+            return TablesStreamWriter(plan_routed_write(self.options, schema, overwrite), schema)
         routed = routed_stream(schema, self.options)
         if routed is not None:
             # cluster_by_key's stateful operator writes the rows; this sink plans the batch
@@ -286,3 +298,64 @@ class LakeSinkStreamWriter(DataSourceStreamArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _abort(self.plan, messages, batch_id=batchId)
 
+
+def _write_tables(write: RoutedWrite, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+    from lakesink_datasource.routing.route_task import write_routed_task
+
+    settle_imports()
+    return write_routed_task(write, iterator)
+
+
+def _commit_tables(write: RoutedWrite, messages: list[WriterCommitMessage | None], batch_id: int | None) -> None:
+    from lakesink_datasource.routing.route_commit import commit_routed
+
+    commit_routed(messages, batch_id, _commit, _abort, progress=write.options.table_options("routed.any_table").progress)
+
+
+def _abort_tables(messages: list[WriterCommitMessage | None], batch_id: int | None) -> None:
+    from lakesink_datasource.routing.route_commit import abort_routed
+
+    abort_routed(messages, batch_id, _abort)
+
+
+class TablesBatchWriter(DataSourceArrowWriter):
+    """`df.write.format("lakesink").option("table_column", ...)`: rows into many tables."""
+
+    def __init__(self, write: RoutedWrite):
+        self.write_plan = write
+
+    @without_traceback
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return _write_tables(self.write_plan, iterator)
+
+    @without_traceback
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        _commit_tables(self.write_plan, messages, batch_id=None)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        _abort_tables(messages, batch_id=None)
+
+
+class TablesStreamWriter(DataSourceStreamArrowWriter):
+    """`df.writeStream.format("lakesink").option("table_column", ...)`: each micro-batch's
+    rows into the tables they name, each table's share committed once."""
+
+    def __init__(self, write: RoutedWrite, schema: StructType | None = None):
+        self.write_plan = write
+        self.schema = schema
+
+    @without_traceback
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        if not STREAM_ARROW:
+            from lakesink_datasource.spark_rows import arrow_batches
+
+            assert self.schema is not None
+            iterator = arrow_batches(iterator, self.schema)
+        return _write_tables(self.write_plan, iterator)
+
+    @without_traceback
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _commit_tables(self.write_plan, messages, batch_id=batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _abort_tables(messages, batch_id=batchId)

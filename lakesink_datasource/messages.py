@@ -147,6 +147,14 @@ class RoutedCommitMessage(WriterCommitMessage):
     payloads: list[bytes]
 
 
+@dataclass
+class RoutedTablesMessage(WriterCommitMessage):
+    """A task of a write routed to many tables (`table_column`): per table it wrote, that
+    table's identifier, the plan the task made for it (msgpack) and its task result."""
+
+    tables: list[tuple[str, bytes, bytes]]
+
+
 def decode_messages(messages: list[WriterCommitMessage | None]) -> list[TaskResult]:
     """Decode the messages Spark hands to commit/abort (failed tasks arrive as None)."""
     results = []

@@ -15,7 +15,7 @@ from functools import partial
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.table.update import AddSchemaUpdate, AssertCurrentSchemaId, AssertLastAssignedFieldId
+from pyiceberg.table.update import AddSchemaUpdate, AssertCurrentSchemaId, AssertLastAssignedFieldId, SetCurrentSchemaUpdate
 from pyspark.sql.types import StructType
 
 from lakesink_datasource.catalog import sql_commit
@@ -33,8 +33,14 @@ class StagedSchema:
     changes: list[str]
 
 
-def stage_evolution(table: Table, incoming: StructType, key_columns: tuple[str, ...]) -> StagedSchema | None:
-    """Stage the schema that accepts `incoming` (None when the current one already does)."""
+def stage_evolution(
+    table: Table, incoming: StructType, key_columns: tuple[str, ...], *, make_current: bool = False
+) -> StagedSchema | None:
+    """Stage the schema that accepts `incoming` (None when the current one already does).
+
+    `make_current`: the evolved schema becomes current at once, in the same metadata commit
+    (a routed write's tasks evolve the tables they meet: several tasks can then write with
+    one schema, where a staged one would be each task's own)."""
     for _ in range(_ATTEMPTS):
         metadata = table.metadata
         current = metadata.schema()
@@ -58,7 +64,7 @@ def stage_evolution(table: Table, incoming: StructType, key_columns: tuple[str, 
                         AssertCurrentSchemaId(current_schema_id=current.schema_id),
                         AssertLastAssignedFieldId(last_assigned_field_id=metadata.last_column_id),
                     ),
-                    updates=(AddSchemaUpdate(schema_=schema),),
+                    updates=(AddSchemaUpdate(schema_=schema), *((SetCurrentSchemaUpdate(schema_id=-1),) if make_current else ())),
                 ),
                 what=f"staging the evolved schema of {'.'.join(table.name())}", catalog=f"catalog {table.catalog.name!r}",
             )

@@ -5,7 +5,11 @@ double, a string) streamed from Parquet files into two tables side by side, one 
 `sort_by="id"` and one unsorted, --runs times alternating which goes first. Reports each
 side's median wall time per run and the ratio, as Markdown.
 
-usage: python benchmarks/experiments/table-rules/sort_cost.py [--runs 3] [--rows 1000000] [--batches 5]
+With --upsert the same as keyed upserts (primary key id, ids drawn from twice the batch's
+rows, so later batches replace about half of their keys): a keyed write sorts each chunk
+of 100,000 rows as it arrives, so random keys make one file per chunk (docs/limits.md).
+
+usage: python benchmarks/experiments/table-rules/sort_cost.py [--runs 3] [--rows 1000000] [--batches 5] [--upsert]
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--batches", type=int, default=5)
+    parser.add_argument("--upsert", action="store_true", help="keyed upserts by id instead of appends")
     args = parser.parse_args()
     from pyspark.sql import SparkSession
 
@@ -45,7 +50,7 @@ def main() -> None:
     os.makedirs(source)
     rng = np.random.default_rng(3)
     for b in range(args.batches):
-        ids = rng.integers(0, 1 << 62, args.rows)
+        ids = rng.integers(0, 2 * args.rows, args.rows) if args.upsert else rng.integers(0, 1 << 62, args.rows)
         table = pa.table({"id": ids, "x": rng.random(args.rows), "s": pa.array(np.char.add("s", (ids % 100_000).astype(str)).tolist())})
         pq.write_table(table, os.path.join(source, f"{b:03d}.parquet"))
         os.utime(os.path.join(source, f"{b:03d}.parquet"), (1_700_000_000 + b, 1_700_000_000 + b))
@@ -55,6 +60,8 @@ def main() -> None:
         options = {"warehouse": os.path.join(work, "wh"), "table": f"db.{side.replace(' ', '_')}_{n}", "progress": "false"}
         if side != "unsorted":
             options["sort_by"] = "id"
+        if args.upsert:
+            options.update(operation="upsert", primary_key="id", index_dir=os.path.join(work, "idx"))
         started = time.perf_counter()
         query = (spark.readStream.schema("id long, x double, s string").option("maxFilesPerTrigger", 1).parquet(source)
                  .writeStream.format("lakesink").options(**options)
@@ -70,7 +77,8 @@ def main() -> None:
     spark.stop()
     shutil.rmtree(work, ignore_errors=True)
     base, sorted_ = statistics.median(times["unsorted"]), statistics.median(times["sorted by id"])
-    print(f"## Streaming append, {args.batches} x {args.rows:,} rows, sorted by a long column or not "
+    what = "Keyed upserts" if args.upsert else "Streaming append"
+    print(f"## {what}, {args.batches} x {args.rows:,} rows, sorted by a long column or not "
           f"({time.strftime('%Y-%m-%d')}, local[2], {args.runs} runs alternating)\n")
     print("| side | runs (s) | median (s) |")
     print("|---|---|---|")

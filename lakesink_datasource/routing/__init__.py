@@ -1,0 +1,1 @@
+"""One write, many tables: rows routed to the table a column names (`table_column`)."""

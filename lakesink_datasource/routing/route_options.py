@@ -1,0 +1,101 @@
+"""The options of a write routed to many tables, split from the options of each table.
+
+`table_column` names the column holding each row's table (`namespace.table`, or a bare name
+completed with `namespace`); `payload_column` a column holding the table's row (a JSON
+string, a struct or a map) beside the columns shared by every table (op, sequence);
+`create_tables` whether a table that does not exist is created from its first rows.
+Every other option applies to each table, and `tables.<namespace>.<table>.<option>` to one
+(its keys, partitioning...). Parsed on the driver, before anything is written: each table's
+options are checked when the table is first met, with the table's name filled in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+
+from lakesink_datasource.options import OptionError, WriteOptions, bool_option, parse_options
+
+ROUTING_OPTIONS = ("table_column", "namespace", "payload_column", "create_tables")
+_PER_TABLE = "tables."
+# Options a routed write decides for every table at once: one value for all of them.
+_SHARED_ONLY = ("table", "path", "txn_app_id", "txn_version", "op_column", "sequence_column", "index_dir", "warehouse", "catalog")
+
+
+class RoutingOptions(msgspec.Struct, frozen=True, kw_only=True):
+    table_column: str
+    namespace: str | None = None
+    payload_column: str | None = None
+    create_tables: bool = True
+    common: dict[str, str] = {}  # options for every table, as Spark gave them
+    per_table: dict[str, dict[str, str]] = {}  # table identifier -> its own options
+
+    def table_options(self, identifier: str) -> WriteOptions:
+        """The write options of one table: the common ones, its own over them."""
+        raw = {**self.common, **self.per_table.get(identifier, {}), "table": identifier}
+        try:
+            return parse_options(raw)
+        except OptionError as exc:
+            raise OptionError(f"table {identifier} (routed by '{self.table_column}'): {exc}") from None
+
+    def identifier(self, name: str) -> str:
+        """`name` as `namespace.table`; a bare name takes option `namespace`."""
+        if "." in name:
+            return name
+        if self.namespace is None:
+            raise OptionError(
+                f"column '{self.table_column}' names table {name!r} without a namespace: give option 'namespace' "
+                "for bare names, or write 'namespace.table' in the column"
+            )
+        return f"{self.namespace}.{name}"
+
+
+def is_routed(raw: Mapping[str, str]) -> bool:
+    return any(key.lower() == "table_column" for key in raw)
+
+
+def parse_routing(raw: Mapping[str, str]) -> RoutingOptions:
+    """Split Spark's option map into the routing options, the common table options and each
+    table's own; refuse what cannot apply (naming the option) before anything runs."""
+    routing: dict[str, str] = {}
+    common: dict[str, str] = {}
+    per_table: dict[str, dict[str, str]] = {}
+    for key, value in raw.items():
+        name = key.lower()
+        if name in ROUTING_OPTIONS:
+            routing[name] = value
+        elif name.startswith(_PER_TABLE):
+            identifier, _, option = key[len(_PER_TABLE) :].rpartition(".")
+            if not identifier or "." not in identifier or not option:
+                raise OptionError(
+                    f"option '{key}': a table's own option is 'tables.<namespace>.<table>.<option>', e.g. "
+                    "'tables.db.orders.primary_key'"
+                )
+            if option.lower() in _SHARED_ONLY:
+                raise OptionError(f"option '{key}': '{option}' applies to the whole routed write; give it once, not per table")
+            per_table.setdefault(identifier, {})[option] = value
+        else:
+            common[key] = value
+    column = routing.get("table_column", "").strip()
+    if not column:
+        raise OptionError("option 'table_column' names the column holding each row's table, e.g. 'table'")
+    clashing = sorted(k for k in common if k.lower() in ("table", "path", "txn_app_id", "txn_version"))
+    if clashing:
+        raise OptionError(
+            f"option '{clashing[0]}' cannot be given with 'table_column': each row names its table "
+            "(a batch write routed to many tables is exactly once per table by its own commit)"
+        )
+    namespace = routing.get("namespace", "").strip() or None
+    if namespace is not None and any(not part.strip() for part in namespace.split(".")):
+        raise OptionError(f"option 'namespace' must have no empty part, got {namespace!r}")
+    options = RoutingOptions(
+        table_column=column, namespace=namespace, payload_column=routing.get("payload_column", "").strip() or None,
+        create_tables=bool_option("create_tables", routing["create_tables"]) if "create_tables" in routing else True,
+        common=common, per_table=per_table,
+    )
+    # Every table's options are parsed now, so a bad one fails before anything is written;
+    # a table met later without options of its own gets the common ones, checked here too.
+    for identifier in [*per_table, f"{namespace or 'routed'}.any_table"]:
+        options.table_options(identifier)
+    return options

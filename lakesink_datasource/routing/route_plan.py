@@ -1,0 +1,57 @@
+"""The driver's plan of a write routed to many tables: what every task gets.
+
+The tables a batch touches are only known once its rows are read, so the driver checks the
+options and the DataFrame's columns and names the write; each task plans the tables it meets
+(`table.setup.plan_table_route`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Mapping
+
+import msgspec
+from pyspark.sql.types import MapType, StringType, StructType
+
+from lakesink_datasource.options import OptionError
+from lakesink_datasource.routing.route_options import RoutingOptions, parse_routing
+
+
+class RoutedWrite(msgspec.Struct, frozen=True, kw_only=True):
+    options: RoutingOptions
+    write_id: str
+
+    def table_write_id(self, identifier: str) -> str:
+        """One table's write id in this write: the same in every task (a table's files and
+        index tokens of one batch are one write's)."""
+        return hashlib.sha256(f"{self.write_id}:{identifier}".encode()).hexdigest()[:32]
+
+
+def plan_routed_write(raw: Mapping[str, str], schema: StructType, overwrite: bool) -> RoutedWrite:
+    """Check a routed write before any task runs; refuse, naming the option or column, what
+    cannot be written."""
+    options = parse_routing(raw)
+    if overwrite:
+        raise OptionError("option 'table_column' routes rows into tables by appending or by key; an overwrite of many tables is not supported")
+    names = {f.name.lower(): f for f in schema.fields}
+    column = names.get(options.table_column.lower())
+    if column is None:
+        raise OptionError(f"option 'table_column': column '{options.table_column}' is not in the DataFrame ({', '.join(schema.fieldNames())})")
+    if not isinstance(column.dataType, StringType):
+        raise OptionError(f"option 'table_column': column '{options.table_column}' is {column.dataType.simpleString()}, not a string")
+    if options.payload_column is not None:
+        payload = names.get(options.payload_column.lower())
+        if payload is None:
+            raise OptionError(
+                f"option 'payload_column': column '{options.payload_column}' is not in the DataFrame ({', '.join(schema.fieldNames())})"
+            )
+        if not isinstance(payload.dataType, (StringType, StructType, MapType)):
+            raise OptionError(
+                f"option 'payload_column': column '{options.payload_column}' is {payload.dataType.simpleString()}: "
+                "give a JSON string, a struct or a map"
+            )
+    options = msgspec.structs.replace(
+        options, table_column=column.name, payload_column=names[options.payload_column.lower()].name if options.payload_column else None
+    )
+    return RoutedWrite(options=options, write_id=uuid.uuid4().hex)

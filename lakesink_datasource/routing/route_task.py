@@ -1,0 +1,80 @@
+"""A task of a write routed to many tables: its rows grouped by table, each table written
+as a write of its own (write.task), every table's result in one message.
+
+A table's rows are gathered over the task's whole input first: planning a table (loading
+it, creating it, adding columns) happens once per task and table, and the table's payloads
+are parsed in one call. The task's input is held in Arrow meanwhile (one Spark partition of
+one micro-batch).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import msgspec
+import pyarrow as pa
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from lakesink_datasource.catalog import loader
+from lakesink_datasource.messages import LakeSinkCommitMessage, RoutedTablesMessage
+from lakesink_datasource.options import WriteOptions
+from lakesink_datasource.routing.route_plan import RoutedWrite
+from lakesink_datasource.routing.route_rows import split_by_table, table_rows
+from lakesink_datasource.schema.arrow_align import table_arrow_schema
+from lakesink_datasource.table import metadata_cache
+from lakesink_datasource.table.plan import WritePlan
+from lakesink_datasource.table.setup import load_table, plan_table_route
+from lakesink_datasource.write.task import TaskIdentity, write_task
+
+log = logging.getLogger("lakesink")
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who: TaskIdentity | None = None) -> RoutedTablesMessage:
+    who = who or TaskIdentity.from_spark()
+    gathered: dict[str, list[pa.Table]] = {}
+    for batch in batches:
+        if batch.num_rows:
+            for identifier, rows in split_by_table(batch, write.options):
+                gathered.setdefault(identifier, []).append(rows)
+    written: list[tuple[str, bytes, bytes]] = []
+    done: list[tuple[WritePlan, LakeSinkCommitMessage]] = []
+    try:
+        for identifier in sorted(gathered):
+            rows = pa.concat_tables(gathered.pop(identifier))
+            options = write.options.table_options(identifier)
+            incoming = table_rows(rows, write.options, _arrow_schema(options, identifier) if write.options.payload_column else None)
+            plan = plan_table_route(
+                options, from_arrow_schema(incoming.schema), write.table_write_id(identifier), create=write.options.create_tables
+            )
+            message = write_task(plan, iter(incoming.to_batches()), who)
+            done.append((plan, message))
+            written.append((identifier, _encoder.encode(plan), message.payload))
+    except BaseException:
+        _abandon(done)
+        raise
+    return RoutedTablesMessage(written)
+
+
+def _arrow_schema(options: WriteOptions, identifier: str) -> pa.Schema | None:
+    """The table's columns in Arrow, to parse its JSON payloads by (None: no such table yet)."""
+    table = load_table(loader.load(loader.catalog_config(options)), identifier)
+    return table_arrow_schema(table.schema()) if table is not None else None
+
+
+def _abandon(done: list[tuple[WritePlan, LakeSinkCommitMessage]]) -> None:
+    """The task failed after writing some tables: their files will never be committed (the
+    task's next attempt writes its own); the key index's changes are undone like a lost
+    task's, when the next batch finds their attempt was not committed."""
+    for plan, message in done:
+        result = message.result()
+        io = None
+        for data_file in result.data_files:
+            try:
+                if io is None:
+                    io = metadata_cache.file_io(plan.io_properties, plan.metadata_location)
+                io.delete(data_file.path)
+            except Exception:  # best effort: an orphan, which orphan removal takes later
+                log.warning("could not delete %s of a failed routed task", data_file.path, exc_info=True)
