@@ -56,5 +56,26 @@ def test_rows_and_their_timestamps_convert(in_new_york: object) -> None:
     assert first[1] == {"id": 2, "name": None, "ts": None, "day": None, "price": None, "point": None, "tags": None}
 
 
+@pytest.fixture
+def in_utc() -> object:
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    yield
+    if before is None:
+        del os.environ["TZ"]
+    else:
+        os.environ["TZ"] = before
+    time.tzset()
+
+
+def test_a_utc_workers_timestamps_convert_as_they_are(in_utc: object) -> None:
+    """A worker whose local time is UTC gets naive UTC datetimes (converted in one call)."""
+    rows = [Row(1, "a", dt.datetime(2024, 7, 1, 23, 59, 59, 123456), None, None, None, None), Row(2, None, None, None, None, None, None)]
+    table = pa.Table.from_batches(list(arrow_batches(iter(rows), SCHEMA)))
+    assert table.column("ts").type == pa.timestamp("us", tz="UTC")
+    assert table.column("ts").to_pylist() == [dt.datetime(2024, 7, 1, 23, 59, 59, 123456, tzinfo=dt.timezone.utc), None]
+
+
 def test_no_rows_no_batches() -> None:
     assert list(arrow_batches(iter([]), SCHEMA)) == []
