@@ -183,10 +183,24 @@ def main(argv: list[str] | None = None) -> int:
     sa.add_argument("--long", action="store_true", help="also 200 x 10K and 20 x 1M rows with the defaults: write amplification")
     sa.add_argument("--out", help="where STREAM-APPEND.md and stream_append.json go (default ./benchmark-results/; benchmarks/results holds the committed ones)")
     sa.set_defaults(func=_stream_append)
+    mi = sub.add_parser("minors", help="lakesink beside dropping sinks on every supported PySpark minor -> MINORS.md")
+    mi.add_argument("--minors", help="comma-separated minors, e.g. 4.0,4.3 (default: every one scripts/spark_minors.sh prints)")
+    mi.add_argument("--reps", type=int, default=3, help="runs per minor, case and side (default 3)")
+    mi.add_argument("--quick", action="store_true", help="a smoke test: sizes divided by 10, 1 rep")
+    mi.add_argument("--workdir", help="scratch directory, deleted first and at the end (default /tmp/lakesink-minors)")
+    mi.add_argument("--out", help="where MINORS.md and minors.json go (default ./benchmark-results/; benchmarks/results holds the committed ones)")
+    mi.set_defaults(func=lambda a: __import__("benchmarks.minors", fromlist=["x"]).main_args(a.minors, a.reps, a.quick, a.out, a.workdir))
+    ro = sub.add_parser("routed", help="one stream routed to many tables against a stream per table -> ROUTED.md")
+    ro.add_argument("--reps", type=int, default=3, help="runs per side and case (default 3)")
+    ro.add_argument("--cases", default="replicate,wide,thousand", help="comma-separated: replicate, wide, thousand")
+    ro.add_argument("--out", help="where ROUTED.md and routed.json go (default ./benchmark-results/; benchmarks/results holds the committed ones)")
+    ro.set_defaults(func=lambda a: __import__("benchmarks.routed_tables", fromlist=["x"]).cli(
+        ["--reps", str(a.reps), "--cases", a.cases, *(["--out", a.out] if a.out else [])]))
     lst = sub.add_parser("list", help="list the scenarios")
     lst.set_defaults(func=lambda a: [print(f"{s.id}\t{s.key}\t{s.title}") for s in __import__("benchmarks.scenarios", fromlist=["x"]).SCENARIOS] and 0)
     args = parser.parse_args(argv)
-    if args.command != "list" and (missing := _missing_bench_packages()):
+    # `minors` needs neither (no plot, no delta-rs) and must run where they are not installed.
+    if args.command not in ("list", "minors", "routed") and (missing := _missing_bench_packages()):
         # Checked before measuring: a run would otherwise fail at its plot or its delta-rs
         # side after many minutes.
         print(f"benchmarks: {', '.join(missing)} not installed; run: .venv/bin/python -m pip install -e '.[bench]'",
