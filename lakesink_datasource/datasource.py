@@ -29,6 +29,7 @@ from lakesink_datasource.errors import without_traceback
 from lakesink_datasource.worker_gc import settle_imports
 
 if TYPE_CHECKING:
+    from lakesink_datasource.catalog.table_transaction import TableTransaction
     from lakesink_datasource.options import WriteOptions
     from lakesink_datasource.read.stream import LakeSinkStreamReader
     from lakesink_datasource.routing.route_plan import RoutedWrite
@@ -173,8 +174,11 @@ def _driver_event(step: str, batch_id: int | None, seconds: float, cpu_seconds: 
              extra={"lakesink_event": {"event": f"driver_{step}", "batch": batch_id, "seconds": seconds, "cpu_seconds": cpu_seconds}})
 
 
-def _commit(plan: WritePlan, messages: list[WriterCommitMessage | None], batch_id: int | None) -> None:
-    """One batch's commit in the driver: its snapshot, then what follows from it."""
+def _commit(
+    plan: WritePlan, messages: list[WriterCommitMessage | None], batch_id: int | None, transaction: TableTransaction | None = None
+) -> None:
+    """One batch's commit in the driver: its snapshot, then what follows from it. With
+    `transaction` (a write routed to many tables) the snapshot lands with the other tables'."""
     from lakesink_datasource.catalog import loader
     from lakesink_datasource.commit.committer import commit_write
     from lakesink_datasource.maintenance.after_batch import land_compaction, maintain_after_commit
@@ -198,7 +202,7 @@ def _commit(plan: WritePlan, messages: list[WriterCommitMessage | None], batch_i
             store_tombstones_before_commit(loader.load(plan.catalog), plan.identifier, loader.describe(plan.catalog))
         # The compaction the tasks carried lands first, on the state it read (carried.py says why).
         compaction = land_compaction(plan, results, batch_id)
-        outcome = commit_write(plan, results, batch_id=batch_id)
+        outcome = commit_write(plan, results, batch_id=batch_id, transaction=transaction)
         commit_ended = time.time()
         if outcome.snapshot_id is not None:
             if sequenced:
@@ -309,7 +313,10 @@ def _write_tables(write: RoutedWrite, iterator: Iterator[pa.RecordBatch]) -> Wri
 def _commit_tables(write: RoutedWrite, messages: list[WriterCommitMessage | None], batch_id: int | None) -> None:
     from lakesink_datasource.routing.route_commit import commit_routed
 
-    commit_routed(messages, batch_id, _commit, _abort, progress=write.options.table_options("routed.any_table").progress)
+    commit_routed(
+        messages, batch_id, _commit, _abort, progress=write.options.table_options("routed.any_table").progress,
+        together=write.options.commit_tables == "together",
+    )
 
 
 def _abort_tables(messages: list[WriterCommitMessage | None], batch_id: int | None) -> None:

@@ -20,7 +20,8 @@ back, after the step it follows took effect), "run" runs `command` (argv list) a
 it. A rule with "once": true is disarmed (file rewritten without it) when it fires; one with
 "nth": [n, ...] fires on those hits of its point only (the hits counted in the file).
 "catalog_updated": a SQL catalog's compare-and-swap UPDATE is committed, its answer not yet
-back (catalog/sql_commit.py).
+back (catalog/sql_commit.py). A rule with "table" fires only at points of that table's
+commit ("before_commit", "after_commit": one table of a routed write).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def _rewrite(path: str, rules: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def fault_point(point: str, batch_id: int | None = None) -> None:
+def fault_point(point: str, batch_id: int | None = None, table: str | None = None) -> None:
     path = os.environ.get(ENV)
     if not path or not os.path.exists(path):
         return
@@ -79,6 +80,8 @@ def fault_point(point: str, batch_id: int | None = None) -> None:
         if rule.get("point") != point:
             continue
         if "batch" in rule and rule["batch"] != batch_id:
+            continue
+        if "table" in rule and rule["table"] != table:
             continue
         if "nth" in rule:
             # Counted across processes (each batch's commit may run in another): in the file.
@@ -94,7 +97,7 @@ def fault_point(point: str, batch_id: int | None = None) -> None:
         elif action == "kill_executor":
             _kill_executor_jvm()
         elif action == "raise":
-            raise InjectedFault(f"injected fault at {point} (batch {batch_id})")
+            raise InjectedFault(f"injected fault at {point} (batch {batch_id}{f', table {table}' if table else ''})")
         elif action == "lose_answer":
             raise ConnectionResetError(f"injected fault at {point}: the connection dropped before the answer came back")
         elif action == "run":

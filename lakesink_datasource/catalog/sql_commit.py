@@ -16,6 +16,7 @@ catalog goes through pyiceberg as before.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
@@ -23,6 +24,7 @@ from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.serializers import ToOutputFile
 from pyiceberg.table import CommitTableResponse, Table
 from pyiceberg.table.locations import load_location_provider
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import Session
@@ -87,30 +89,62 @@ def commit(table: Table, requirements: tuple[TableRequirement, ...], updates: tu
     if not _fast(catalog):
         with v3_metadata_writes():
             return catalog.commit_table(table, requirements, updates)
-    assert isinstance(catalog, SqlCatalog)
+    (response,) = swap_together([prepare_swap(table, requirements, updates)])
+    return response
+
+
+@dataclass(frozen=True)
+class PreparedSwap:
+    """One table's compare-and-swap on a SQL catalog, its new metadata file written."""
+
+    table: Table
+    metadata: TableMetadata
+    location: str
+
+
+def supports_swaps_together(catalog: Catalog) -> bool:
+    """Whether `swap_together` can change several of `catalog`'s tables at once."""
+    return _fast(catalog)
+
+
+def prepare_swap(table: Table, requirements: tuple[TableRequirement, ...], updates: tuple[TableUpdate, ...]) -> PreparedSwap:
+    """Check `requirements` against `table` and write the metadata file `updates` make."""
     base = table.metadata
     for requirement in requirements:
         requirement.validate(base)
     new = apply_updates(base, updates, table.metadata_location)
-    version = catalog._parse_metadata_version(table.metadata_location) + 1
+    version = table.catalog._parse_metadata_version(table.metadata_location) + 1  # type: ignore[attr-defined]
     location = load_location_provider(new.location, new.properties).new_table_metadata_file_location(version)
     with v3_metadata_writes():
         # A new name (a fresh uuid in it) is never taken: overwrite, so no existence check
         # costs a request on an object store.
         ToOutputFile.table_metadata(new, table.io.new_output(location), overwrite=True)
-    identifier = ".".join(table.name())
+    return PreparedSwap(table, new, location)
+
+
+def swap_together(swaps: list[PreparedSwap]) -> list[CommitTableResponse]:
+    """Point each table's catalog row at its new metadata file, in one database transaction:
+    all of them or, when any row moved since its table was loaded, none
+    (CommitFailedException naming it; the new metadata files are deleted)."""
+    catalog = swaps[0].table.catalog
+    assert isinstance(catalog, SqlCatalog) and all(s.table.catalog is catalog for s in swaps)
     with Session(catalog.engine) as session:
-        changed = session.execute(
-            update(IcebergTables)
-            .where(*_where(catalog, identifier), IcebergTables.metadata_location == table.metadata_location)
-            .values(metadata_location=location, previous_metadata_location=table.metadata_location)
-        )
-        if changed.rowcount < 1:  # type: ignore[attr-defined]  # a CursorResult for UPDATE
-            session.rollback()
-            table.io.delete(location)  # the swap was refused: nothing references it
-            raise CommitFailedException(f"Table has been updated by another process: {identifier}")
+        for swap in swaps:
+            identifier = ".".join(swap.table.name())
+            changed = session.execute(
+                update(IcebergTables)
+                .where(*_where(catalog, identifier), IcebergTables.metadata_location == swap.table.metadata_location)
+                .values(metadata_location=swap.location, previous_metadata_location=swap.table.metadata_location)
+            )
+            if changed.rowcount < 1:  # type: ignore[attr-defined]  # a CursorResult for UPDATE
+                session.rollback()
+                for refused in swaps:
+                    refused.table.io.delete(refused.location)  # nothing references them
+                raise CommitFailedException(f"Table has been updated by another process: {identifier}")
         session.commit()
     fault_point("catalog_updated")  # tests: the UPDATE landed, its answer is lost
-    response = CommitTableResponse(metadata=new, metadata_location=location)
-    _remember(catalog, Table(table.name(), metadata=new, metadata_location=location, io=table.io, catalog=catalog))
-    return response
+    responses = []
+    for swap in swaps:
+        responses.append(CommitTableResponse(metadata=swap.metadata, metadata_location=swap.location))
+        _remember(catalog, Table(swap.table.name(), metadata=swap.metadata, metadata_location=swap.location, io=swap.table.io, catalog=catalog))
+    return responses

@@ -31,6 +31,7 @@ from pyroaring import BitMap64
 from lakesink_datasource.arrays import unique_sorted
 from lakesink_datasource.catalog import loader, sql_commit
 from lakesink_datasource.catalog.errors import CatalogError, CatalogUnavailable
+from lakesink_datasource.catalog.table_transaction import TableTransaction
 from lakesink_datasource.catalog.transient import RetryBudget, first_line, is_answer_lost, is_locked, is_transient, retrying
 from lakesink_datasource.commit import cleanup
 from lakesink_datasource.commit.data_files import data_file
@@ -351,7 +352,11 @@ def _oldest_planned(results: list[TaskResult], metadata: TableMetadata, default:
     return min(planned, key=lambda s: sequence.get(s, -1) if s is not None else -1)
 
 
-def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | None) -> CommitOutcome:
+def commit_write(
+    plan: WritePlan, results: list[TaskResult], batch_id: int | None, transaction: TableTransaction | None = None
+) -> CommitOutcome:
+    """The batch's snapshot; with `transaction`, its swap goes with the other tables' of a
+    routed write (catalog/table_transaction.py)."""
     started = time.perf_counter()
     query_id = next((r.query_id for r in results if r.query_id is not None), None)
     write_ids = {r.write_id for r in results} or {plan.write_id}
@@ -479,7 +484,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
             ):
                 forget()
                 return CommitOutcome(None, "committed concurrently", attempt_number, stats)
-        fault_point("before_commit", batch_id)
+        fault_point("before_commit", batch_id, table=plan.identifier)
         extra[keys.COMMIT_PREPARE_SECONDS] = f"{time.perf_counter() - started:.3f}"
         try:
             attempt = _attempt(
@@ -492,7 +497,7 @@ def commit_write(plan: WritePlan, results: list[TaskResult], batch_id: int | Non
             fault_point("keys_redecided", batch_id)  # tests: a crash between the decision and the swap
         made[attempt_number] = (attempt, table)
         try:
-            committed = swap_in(table, attempt)
+            committed = swap_in(table, attempt, transaction)
         except CommitFailedException as exc:
             unavailable = None
             races += 1
@@ -555,7 +560,7 @@ def _committed(
     `committed`: a table state read after the commit, which holds it."""
     producer.cleanup(committed_attempt=attempt_number)
     made = attempt_number + 1 if attempts_made is None else attempts_made
-    fault_point("after_commit", batch_id)
+    fault_point("after_commit", batch_id, table=plan.identifier)
     snapshot = attempt.snapshot
     assert snapshot is not None  # a batch commit always adds one
     removed = _after_commit(committed, table, attempt, _write_settings(plan, attempt.base).gc_enabled)

@@ -25,6 +25,7 @@ from pyiceberg.table.update import (
 )
 
 from lakesink_datasource.catalog import sql_commit
+from lakesink_datasource.catalog.table_transaction import TableTransaction
 
 
 @dataclass
@@ -39,9 +40,10 @@ class PreparedCommit:
     layout_updates: list[TableUpdate] = field(default_factory=list)  # make the files' schema and spec current
 
 
-def swap_in(table: Table, prepared: PreparedCommit) -> Table:
+def swap_in(table: Table, prepared: PreparedCommit, transaction: TableTransaction | None = None) -> Table:
     """Commit `prepared` if its branch still is where it was in the base (CommitFailedException
-    if not); returns the table as committed."""
+    if not); returns the table as committed. With `transaction`, together with the other
+    tables' swaps it gathers."""
     branch = prepared.branch or "main"
     ref = prepared.base.refs.get(branch)
     updates: list[TableUpdate] = list(prepared.layout_updates)
@@ -57,11 +59,11 @@ def swap_in(table: Table, prepared: PreparedCommit) -> Table:
         updates.append(SetPropertiesUpdate(updates=prepared.properties))
     if prepared.expired:
         updates.append(RemoveSnapshotsUpdate(snapshot_ids=prepared.expired))
-    response = sql_commit.commit(
-        table,
-        requirements=(AssertRefSnapshotId(ref=branch, snapshot_id=ref.snapshot_id if ref is not None else None),),
-        updates=tuple(updates),
-    )
+    requirements = (AssertRefSnapshotId(ref=branch, snapshot_id=ref.snapshot_id if ref is not None else None),)
+    if transaction is not None:
+        response = transaction.swap(table, requirements, tuple(updates))
+    else:
+        response = sql_commit.commit(table, requirements=requirements, updates=tuple(updates))
     return Table(
         table.name(), metadata=response.metadata, metadata_location=response.metadata_location, io=table.io, catalog=table.catalog
     )

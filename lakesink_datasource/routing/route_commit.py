@@ -1,10 +1,15 @@
 """The driver's commit of a write routed to many tables: each table it touched, once.
 
-Tables commit one after another, in name order, each as the single-table write it is (its
-own snapshot, its replay check by query and batch, its maintenance). A batch Spark runs
-again after the driver died between two tables skips the tables already holding it and
-commits the rest. When a table's commit fails, the tables after it are not tried and their
-files are deleted (they never landed); Spark then fails or retries the batch.
+Where the catalog can (a SQL catalog, a REST catalog offering `transactions/commit`), the
+batch's tables land together: each table's commit runs in a thread of its own, as a
+single-table commit does (its replay check, retries, lost answers), and their swaps go to
+the catalog as one transaction (catalog/table_transaction.py): all of the batch's tables
+change, or none. Elsewhere, and past MAX_TOGETHER tables, tables commit one after another in
+name order, each as the single-table write it is; a batch Spark runs again after the driver
+died between two tables skips the tables already holding it (their snapshots name the query
+and batch) and commits the rest. When a table's commit fails there, the tables after it are
+not tried and their files are deleted (they never landed); Spark then fails or retries the
+batch. The progress line says which way the batch went.
 """
 
 from __future__ import annotations
@@ -12,10 +17,13 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 from pyspark.sql.datasource import WriterCommitMessage
 
+from lakesink_datasource.catalog import loader
+from lakesink_datasource.catalog.table_transaction import TableTransaction, TransactionAborted, supports_transactions
 from lakesink_datasource.messages import LakeSinkCommitMessage, RoutedTablesMessage
 from lakesink_datasource.table.plan import WritePlan
 
@@ -23,12 +31,17 @@ log = logging.getLogger("lakesink")
 
 _plan_decoder = msgspec.msgpack.Decoder(WritePlan)
 
-TableCommit = Callable[[WritePlan, list[WriterCommitMessage | None], int | None], None]
+# Every table of a transaction waits in a thread of its own until all have their swap ready.
+MAX_TOGETHER = 512
+
+TableCommit = Callable[[WritePlan, list[WriterCommitMessage | None], int | None, TableTransaction | None], None]
+TableAbort = Callable[[WritePlan, list[WriterCommitMessage | None], int | None], None]
+Tables = dict[str, tuple[WritePlan, list[WriterCommitMessage | None]]]
 
 
-def by_table(messages: list[WriterCommitMessage | None]) -> dict[str, tuple[WritePlan, list[WriterCommitMessage | None]]]:
+def by_table(messages: list[WriterCommitMessage | None]) -> Tables:
     """Each table's plan (the first task's: every task's names the same write) and messages."""
-    tables: dict[str, tuple[WritePlan, list[WriterCommitMessage | None]]] = {}
+    tables: Tables = {}
     for message in messages:
         if not isinstance(message, RoutedTablesMessage):
             continue
@@ -39,13 +52,65 @@ def by_table(messages: list[WriterCommitMessage | None]) -> dict[str, tuple[Writ
     return tables
 
 
-def commit_routed(messages: list[WriterCommitMessage | None], batch_id: int | None, commit: TableCommit, abort: TableCommit, progress: bool) -> None:
+def commit_routed(
+    messages: list[WriterCommitMessage | None], batch_id: int | None, commit: TableCommit, abort: TableAbort,
+    *, progress: bool, together: bool = True,
+) -> str:
+    """Commit every table the batch touched; returns how (for the progress line and tests)."""
     tables = by_table(messages)
+    if not tables:
+        return "no table"
     names = sorted(tables)
+    catalog = loader.load(tables[names[0]][0].catalog)
+    if together and 1 < len(names) <= MAX_TOGETHER and supports_transactions(catalog):
+        transaction = TableTransaction(catalog, len(names))
+        _commit_together(tables, names, batch_id, commit, abort, transaction)
+        how = (
+            f"committed together in one catalog transaction ({loader.describe(tables[names[0]][0].catalog)})" if transaction.atomic
+            else "committed one after another (the catalog offers no multi-table commit)"
+        )
+    else:
+        _commit_in_turn(tables, names, batch_id, commit, abort)
+        how = "committed one after another" + (f" (more than {MAX_TOGETHER} tables)" if len(names) > MAX_TOGETHER else "")
+    if progress:
+        where = f"batch {batch_id}" if batch_id is not None else "the write"
+        print(f"lakesink: {where} routed to {len(names)} table(s), {how}", file=sys.stderr, flush=True)
+    return how
+
+
+def _commit_together(
+    tables: Tables, names: list[str], batch_id: int | None, commit: TableCommit, abort: TableAbort, transaction: TableTransaction
+) -> None:
+    def party(identifier: str) -> None:
+        plan, table_messages = tables[identifier]
+        try:
+            commit(plan, table_messages, batch_id, transaction)
+        except BaseException as exc:
+            transaction.leave(exc)
+            raise
+        transaction.leave()
+
+    with ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="lakesink-table-commit") as pool:
+        futures = dict(zip(names, (pool.submit(party, identifier) for identifier in names)))
+    failed = {name: exc for name, f in futures.items() if (exc := f.exception()) is not None}
+    if not failed:
+        return
+    for name in failed:
+        # As Spark's abort of a failed write: its files go unless the table says it landed.
+        try:
+            abort(*tables[name], batch_id)
+        except Exception:  # best effort: their files are orphans for orphan removal
+            log.warning("could not abort the routed write to %s", name, exc_info=True)
+    # The first cause, not a TransactionAborted another table's failure made.
+    causes = [exc for exc in failed.values() if not isinstance(exc, TransactionAborted)] or list(failed.values())
+    raise causes[0]
+
+
+def _commit_in_turn(tables: Tables, names: list[str], batch_id: int | None, commit: TableCommit, abort: TableAbort) -> None:
     for i, identifier in enumerate(names):
         plan, table_messages = tables[identifier]
         try:
-            commit(plan, table_messages, batch_id)
+            commit(plan, table_messages, batch_id, None)
         except BaseException:
             for later in names[i + 1 :]:
                 try:
@@ -53,11 +118,8 @@ def commit_routed(messages: list[WriterCommitMessage | None], batch_id: int | No
                 except Exception:  # best effort: their files are orphans for orphan removal
                     log.warning("could not abort the routed write to %s", later, exc_info=True)
             raise
-    if progress and names:
-        where = f"batch {batch_id}" if batch_id is not None else "the write"
-        print(f"lakesink: {where} routed to {len(names)} table(s), committed one after another", file=sys.stderr, flush=True)
 
 
-def abort_routed(messages: list[WriterCommitMessage | None], batch_id: int | None, abort: TableCommit) -> None:
+def abort_routed(messages: list[WriterCommitMessage | None], batch_id: int | None, abort: TableAbort) -> None:
     for plan, table_messages in by_table(messages).values():
         abort(plan, table_messages, batch_id)

@@ -3,7 +3,9 @@
 `table_column` names the column holding each row's table (`namespace.table`, or a bare name
 completed with `namespace`); `payload_column` a column holding the table's row (a JSON
 string, a struct or a map) beside the columns shared by every table (op, sequence);
-`create_tables` whether a table that does not exist is created from its first rows.
+`create_tables` whether a table that does not exist is created from its first rows;
+`commit_tables` whether a batch's tables land together where the catalog can (`together`,
+the default) or one after another (`in_turn`).
 Every other option applies to each table, and `tables.<namespace>.<table>.<option>` to one
 (its keys, partitioning...). Parsed on the driver, before anything is written: each table's
 options are checked when the table is first met, with the table's name filled in.
@@ -17,7 +19,8 @@ import msgspec
 
 from lakesink_datasource.options import OptionError, WriteOptions, bool_option, parse_options
 
-ROUTING_OPTIONS = ("table_column", "namespace", "payload_column", "create_tables")
+ROUTING_OPTIONS = ("table_column", "namespace", "payload_column", "create_tables", "commit_tables")
+COMMIT_MODES = ("together", "in_turn")
 _PER_TABLE = "tables."
 # Options a routed write decides for every table at once: one value for all of them.
 _SHARED_ONLY = ("table", "path", "txn_app_id", "txn_version", "op_column", "sequence_column", "index_dir", "warehouse", "catalog")
@@ -28,6 +31,7 @@ class RoutingOptions(msgspec.Struct, frozen=True, kw_only=True):
     namespace: str | None = None
     payload_column: str | None = None
     create_tables: bool = True
+    commit_tables: str = "together"
     common: dict[str, str] = {}  # options for every table, as Spark gave them
     per_table: dict[str, dict[str, str]] = {}  # table identifier -> its own options
 
@@ -89,8 +93,11 @@ def parse_routing(raw: Mapping[str, str]) -> RoutingOptions:
     namespace = routing.get("namespace", "").strip() or None
     if namespace is not None and any(not part.strip() for part in namespace.split(".")):
         raise OptionError(f"option 'namespace' must have no empty part, got {namespace!r}")
+    commit_tables = routing.get("commit_tables", "together").strip().lower()
+    if commit_tables not in COMMIT_MODES:
+        raise OptionError(f"option 'commit_tables' must be one of {', '.join(COMMIT_MODES)}, got {commit_tables!r}")
     options = RoutingOptions(
-        table_column=column, namespace=namespace, payload_column=routing.get("payload_column", "").strip() or None,
+        table_column=column, commit_tables=commit_tables, namespace=namespace, payload_column=routing.get("payload_column", "").strip() or None,
         create_tables=bool_option("create_tables", routing["create_tables"]) if "create_tables" in routing else True,
         common=common, per_table=per_table,
     )

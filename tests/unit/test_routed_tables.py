@@ -155,3 +155,38 @@ def test_bad_routed_input_is_refused_before_anything_is_written(warehouse: str) 
         _run(strict, [[{"tbl": "db.missing", "id": 1, "v": "x"}]], FLAT_ARROW, None)
     assert not table_exists(warehouse, "db.missing")
     assert not table_exists(warehouse, "default.bare")
+
+
+def _data_files_on_disk(warehouse: str, identifier: str) -> set[str]:
+    root = os.path.join(warehouse, *identifier.split("."), "data")
+    return {os.path.join(d, f) for d, _, files in os.walk(root) for f in files}
+
+
+def test_a_batchs_tables_land_together_or_not_at_all(warehouse: str, arm_fault) -> None:  # type: ignore[no-untyped-def]
+    """The embedded SQLite catalog changes a batch's tables in one database transaction: one
+    table's commit failing leaves every table as it was (and deletes the batch's files); a
+    lost answer after the transaction landed is recognised in every table."""
+    raw = {"table_column": "tbl", "warehouse": warehouse, "progress": "false", "maintenance": "off"}
+    tables = ("db.a", "db.b", "db.c")
+
+    def batch(n: int) -> list[pa.RecordBatch]:
+        return [pa.RecordBatch.from_pylist([{"tbl": t, "id": 10 * n + i, "v": t} for i in range(3) for t in tables], schema=FLAT_ARROW)]
+
+    def run(n: int, attempt: int) -> str:
+        message = write_routed_task(plan_routed_write(raw, FLAT, False), iter(batch(n)), TaskIdentity(partition_id=0, attempt=attempt, batch_id=n, query_id=QUERY))
+        return commit_routed([message], n, datasource._commit, datasource._abort, progress=False)
+
+    assert run(0, 1).startswith("committed together in one catalog transaction")
+    before = {t: load(warehouse, t).metadata_location for t in tables}
+    files = {t: _data_files_on_disk(warehouse, t) for t in tables}
+    arm_fault({"point": "before_commit", "table": "db.b", "action": "raise"})
+    with pytest.raises(Exception, match=r"injected fault at before_commit \(batch 1, table db.b\)"):
+        run(1, 2)
+    assert {t: load(warehouse, t).metadata_location for t in tables} == before  # none of them changed
+    assert {t: _data_files_on_disk(warehouse, t) for t in tables} == files  # and the batch's files are gone
+    arm_fault({"point": "catalog_updated", "action": "lose_answer", "once": True})
+    run(1, 3)  # Spark runs the batch again; the transaction lands, its answer is lost on the way back
+    for t in tables:
+        assert_readers_see(warehouse, t, expected_rows([{"id": 10 * n + i} for n in (0, 1) for i in range(3)], ["id"]), ["id"])
+        history = load(warehouse, t).metadata.snapshots
+        assert len(history) == 2, f"{t}: {len(history)} snapshots"

@@ -1,0 +1,44 @@
+"""A stream routed to many tables in its own process, so a test can SIGKILL it and restart.
+
+usage: routed_child.py SOURCE CHECKPOINT WAREHOUSE [extra option=value ...]
+Reads Parquet files of CDC events (tbl, op, seq, after: the row as JSON), one file per
+micro-batch with trigger(availableNow=True), into the tables `tbl` names: cdc keyed by id
+with sequence column seq, new tables created and new columns added as they come.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+
+def main(source: str, checkpoint: str, warehouse: str, *extra: str) -> None:
+    from pyspark.sql import SparkSession
+
+    from lakesink_datasource import LakeSinkDataSource
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(LakeSinkDataSource)
+    options = {
+        "warehouse": warehouse, "table_column": "tbl", "namespace": "cdc", "payload_column": "after",
+        "operation": "cdc", "op_column": "op", "sequence_column": "seq", "primary_key": "id", "merge_schema": "true",
+        **dict(item.split("=", 1) for item in extra),
+    }
+    df = spark.readStream.schema("tbl string, op string, seq long, after string").option("maxFilesPerTrigger", 1).parquet(source)
+    query = df.writeStream.format("lakesink").options(**options).option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+    query.awaitTermination()
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
