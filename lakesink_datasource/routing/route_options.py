@@ -22,6 +22,9 @@ from lakesink_datasource.options import OptionError, WriteOptions, bool_option, 
 ROUTING_OPTIONS = ("table_column", "namespace", "payload_column", "create_tables", "commit_tables")
 COMMIT_MODES = ("together", "in_turn")
 _PER_TABLE = "tables."
+# What a routed write does not do (it appends or writes by key, on main, with the layout a
+# table has): refused by name, for every table and each table's own.
+_NOT_ROUTED = ("branch", "replace_where", "overwrite_mode", "evolve_partition")
 # Options a routed write decides for every table at once: one value for all of them.
 _SHARED_ONLY = ("table", "path", "txn_app_id", "txn_version", "op_column", "sequence_column", "index_dir", "warehouse", "catalog")
 
@@ -81,6 +84,12 @@ def parse_routing(raw: Mapping[str, str]) -> RoutingOptions:
             per_table.setdefault(identifier, {})[option] = value
         else:
             common[key] = value
+    for key in [*common, *(f"tables.{t}.{o}" for t, opts in per_table.items() for o in opts)]:
+        if key.lower().rsplit(".", 1)[-1] in _NOT_ROUTED:
+            raise OptionError(
+                f"option '{key}' cannot be used with 'table_column': a routed write appends or writes by key to each "
+                "table's main branch, with the partitioning it has; write that table on its own"
+            )
     column = routing.get("table_column", "").strip()
     if not column:
         raise OptionError("option 'table_column' names the column holding each row's table, e.g. 'table'")

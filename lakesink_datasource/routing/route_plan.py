@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import msgspec
 from pyspark.sql.types import MapType, StringType, StructType
 
+from lakesink_datasource.index.key_route import ROUTE_COLUMN
 from lakesink_datasource.options import OptionError
 from lakesink_datasource.routing.route_options import RoutingOptions, parse_routing
 
@@ -34,6 +35,8 @@ def plan_routed_write(raw: Mapping[str, str], schema: StructType, overwrite: boo
     options = parse_routing(raw)
     if overwrite:
         raise OptionError("option 'table_column' routes rows into tables by appending or by key; an overwrite of many tables is not supported")
+    if any(f.name == ROUTE_COLUMN for f in schema.fields):
+        raise OptionError("option 'table_column' cannot be combined with cluster_by_key: write each table's keyed stream on its own")
     names = {f.name.lower(): f for f in schema.fields}
     column = names.get(options.table_column.lower())
     if column is None:

@@ -145,6 +145,9 @@ def test_bad_routed_input_is_refused_before_anything_is_written(warehouse: str) 
         plan_routed_write({**base, "table_column": "tbl", "table": "db.t"}, FLAT, False)
     with pytest.raises(OptionError, match=r"table db.orders \(routed by 'tbl'\): unknown option 'primary_kee'"):
         plan_routed_write({**base, "table_column": "tbl", "tables.db.orders.primary_kee": "id"}, FLAT, False)
+    for option in ("branch", "tables.db.orders.evolve_partition", "replace_where"):
+        with pytest.raises(OptionError, match=f"option '{option}' cannot be used with 'table_column'"):
+            plan_routed_write({**base, "table_column": "tbl", option: "x"}, FLAT, False)
     write = plan_routed_write({**base, "table_column": "tbl"}, FLAT, False)
     with pytest.raises(OptionError, match="without a namespace"):
         _run(write, [[{"tbl": "bare", "id": 1, "v": "x"}]], FLAT_ARROW, None)
