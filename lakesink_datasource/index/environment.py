@@ -32,7 +32,7 @@ import os
 import shutil
 import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, cast
 
 import lmdb
@@ -42,7 +42,7 @@ from lakesink_datasource.index import lmdb_env
 from lakesink_datasource.index.damage import damage, data_inode, remove_environment
 from lakesink_datasource.index.lmdb_env import T, Txn, fit_key, fit_keys
 
-__all__ = ["IndexEnvironment", "IndexState", "drop_index", "open_index", "reopen_empty"]
+__all__ = ["IndexEnvironment", "IndexState", "cached_paths", "close_cached", "drop_index", "open_index", "reopen_empty"]
 
 
 class IndexState(msgspec.Struct, frozen=True):
@@ -247,3 +247,19 @@ def drop_index(path: str) -> None:
     if index is not None:
         index.close()
     shutil.rmtree(key, ignore_errors=True)
+
+
+def cached_paths() -> set[str]:
+    """The index environments this process holds open."""
+    with _CACHE_LOCK:
+        return set(_CACHE)
+
+
+def close_cached(paths: Iterable[str]) -> None:
+    """Close this process's handles of the environments at `paths` (their files stay): a
+    process writing many tables keeps only the indexes of the ones it wrote last open (each
+    environment maps its file and holds descriptors)."""
+    with _CACHE_LOCK:
+        closing = [index for path in paths if (index := _CACHE.pop(path, None)) is not None]
+    for index in closing:
+        index.close()

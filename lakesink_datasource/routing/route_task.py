@@ -10,6 +10,7 @@ one micro-batch).
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Iterator
 
 import msgspec
@@ -17,6 +18,7 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from lakesink_datasource.catalog import loader
+from lakesink_datasource.index import environment
 from lakesink_datasource.messages import LakeSinkCommitMessage, RoutedTablesMessage
 from lakesink_datasource.options import WriteOptions
 from lakesink_datasource.routing.route_plan import RoutedWrite
@@ -49,13 +51,30 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
             plan = plan_table_route(
                 options, from_arrow_schema(incoming.schema), write.table_write_id(identifier), create=write.options.create_tables
             )
+            opened_before = environment.cached_paths() if plan.keyed is not None else set()
             message = write_task(plan, iter(incoming.to_batches()), who)
+            if plan.keyed is not None:
+                _keep_open(identifier, environment.cached_paths() - opened_before)
             done.append((plan, message))
             written.append((identifier, _encoder.encode(plan), message.payload))
     except BaseException:
         _abandon(done)
         raise
     return RoutedTablesMessage(written)
+
+
+# Key indexes of this many tables stay open in a process writing many tables (the least
+# recently written are closed; their files stay, and reopen when a batch needs them again).
+KEEP_OPEN_TABLES = 16
+_open_indexes: OrderedDict[str, set[str]] = OrderedDict()
+
+
+def _keep_open(identifier: str, opened: set[str]) -> None:
+    held = _open_indexes.pop(identifier, set()) | opened
+    _open_indexes[identifier] = held
+    while len(_open_indexes) > KEEP_OPEN_TABLES:
+        _, paths = _open_indexes.popitem(last=False)
+        environment.close_cached(paths)
 
 
 def _arrow_schema(options: WriteOptions, identifier: str) -> pa.Schema | None:

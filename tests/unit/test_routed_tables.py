@@ -193,3 +193,24 @@ def test_a_batchs_tables_land_together_or_not_at_all(warehouse: str, arm_fault) 
         assert_readers_see(warehouse, t, expected_rows([{"id": 10 * n + i} for n in (0, 1) for i in range(3)], ["id"]), ["id"])
         history = load(warehouse, t).metadata.snapshots
         assert len(history) == 2, f"{t}: {len(history)} snapshots"
+
+
+def test_a_process_writing_many_keyed_tables_keeps_few_indexes_open(warehouse: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each key index maps files and holds descriptors: a task writing 12 keyed tables keeps the
+    last 3 tables' open; a table met again reopens its index and stays exact."""
+    from lakesink_datasource.index import environment
+    from lakesink_datasource.routing import route_task
+
+    monkeypatch.setattr(route_task, "KEEP_OPEN_TABLES", 3)
+    raw = {"table_column": "tbl", "warehouse": warehouse, "progress": "false", "maintenance": "off", "operation": "upsert",
+           "primary_key": "id", "index_dir": os.path.join(warehouse, "idx")}
+    index_root = os.path.abspath(os.path.join(warehouse, "idx"))
+    tables = [f"db.k{i:02d}" for i in range(12)]
+    for batch_id in range(2):
+        rows = [{"tbl": t, "id": i, "v": f"{batch_id}"} for t in tables for i in range(batch_id, batch_id + 4)]
+        _run(plan_routed_write(raw, FLAT, False), [rows], FLAT_ARROW, batch_id)
+        open_tables = {p.removeprefix(index_root).split(os.sep)[1] for p in environment.cached_paths() if p.startswith(index_root)}
+        assert len(open_tables) <= 3
+    for t in tables:
+        want = [{"id": 0, "v": "0"}] + [{"id": i, "v": "1"} for i in range(1, 5)]
+        assert_readers_see(warehouse, t, expected_rows(want, ["id", "v"]), ["id", "v"])
