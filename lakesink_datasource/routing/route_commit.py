@@ -47,7 +47,10 @@ def by_table(messages: list[WriterCommitMessage | None]) -> Tables:
             continue
         for identifier, plan, payload in message.tables:
             if identifier not in tables:
-                tables[identifier] = (_plan_decoder.decode(plan), [])
+                decoded = _plan_decoder.decode(plan)
+                # One progress line for the batch (commit_routed), not one per table.
+                quiet = msgspec.structs.replace(decoded, options=msgspec.structs.replace(decoded.options, progress=False))
+                tables[identifier] = (quiet, [])
             tables[identifier][1].append(LakeSinkCommitMessage(payload))
     return tables
 
@@ -74,7 +77,13 @@ def commit_routed(
         how = "committed one after another" + (f" (more than {MAX_TOGETHER} tables)" if len(names) > MAX_TOGETHER else "")
     if progress:
         where = f"batch {batch_id}" if batch_id is not None else "the write"
-        print(f"lakesink: {where} routed to {len(names)} table(s), {how}", file=sys.stderr, flush=True)
+        results = [m.result() for _, table_messages in tables.values() for m in table_messages if isinstance(m, LakeSinkCommitMessage)]
+        rows_in = sum(r.stats.rows_in for r in results)
+        written = sum(r.stats.rows_written for r in results)
+        print(
+            f"lakesink: {where} routed to {len(names)} table(s), {rows_in:,} rows in, {written:,} written, {how}",
+            file=sys.stderr, flush=True,
+        )
     return how
 
 

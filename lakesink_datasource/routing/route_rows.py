@@ -68,6 +68,11 @@ def table_rows(rows: pa.Table, options: RoutingOptions, table_schema: pa.Schema 
         parsed = _parse_json(payload, column, table_schema)
     else:
         raise RoutedInputError(f"column '{column}' (payload_column) is {payload.type}: give a JSON string, a struct or a map")
+    # A field that is null in every row of a table it is new to has no type to add it with:
+    # left out until a row gives it a value (a column the table has is typed by its schema).
+    untyped = [f.name for f in parsed.schema if pa.types.is_null(f.type)]
+    if untyped:
+        parsed = parsed.drop_columns(untyped)
     if parsed.num_rows != rows.num_rows:
         raise RoutedInputError(f"column '{column}': {rows.num_rows} payloads gave {parsed.num_rows} rows (one JSON object each)")
     clashing = [name for name in shared.column_names if name in parsed.column_names]

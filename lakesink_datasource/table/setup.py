@@ -514,6 +514,29 @@ def plan_routed_task(options: WriteOptions, spark_schema: StructType, write_id: 
     return _pinned_plan(table, options, write_id, overwrite=False, sources=_column_sources(options, spark_schema, evolution.schema), keyed=keyed)
 
 
+def check_table_route(options: WriteOptions, spark_schema: StructType, *, create: bool) -> None:
+    """Everything `plan_table_route` refuses, without its side effects (no table created, no
+    column added): a routed task checks all of its tables before it changes any."""
+    check_dataframe_columns(spark_schema)
+    _check_keyed_options(options, spark_schema, overwrite=False)
+    _check_write_target(options, overwrite=False)
+    table = resolve_table(options, spark_schema, create=False)
+    if table is None:
+        if not create:
+            raise OptionError(f"table {options.table} does not exist and create_tables is false: create it first, or let lakesink create it")
+        probe = _new_table_schema(options, spark_schema)
+        parse_partition_spec(options.partition_by, probe)
+        parse_sort_order(options.sort_by, probe)
+        _check_new_keyed_table(options)
+        return
+    if table.metadata.format_version < 2:
+        raise OptionError(f"table {options.table} is Iceberg format version 1; lakesink writes versions 2 and 3")
+    keyed = _plan_keys(options, spark_schema, table)
+    evolution = _evolution(options, spark_schema, table, keyed)
+    if _check_layout_matches(options, table, evolution.schema) is not None:
+        raise OptionError(f"table {options.table}: a routed write cannot evolve a table's partitioning (evolve_partition)")
+
+
 def plan_table_route(options: WriteOptions, spark_schema: StructType, write_id: str, *, create: bool) -> WritePlan:
     """The plan a task of a write routed to many tables (`table_column`) makes for one table
     it met: no driver plan names the tables before the tasks see the rows. A table that does

@@ -214,3 +214,17 @@ def test_a_process_writing_many_keyed_tables_keeps_few_indexes_open(warehouse: s
     for t in tables:
         want = [{"id": 0, "v": "0"}] + [{"id": i, "v": "1"} for i in range(1, 5)]
         assert_readers_see(warehouse, t, expected_rows(want, ["id", "v"]), ["id", "v"])
+
+
+def test_one_tables_bad_payload_creates_and_writes_no_table(warehouse: str) -> None:
+    raw = {"table_column": "tbl", "payload_column": "after", "warehouse": warehouse, "progress": "false", "maintenance": "off"}
+    schema = T.StructType([T.StructField("tbl", T.StringType()), T.StructField("after", T.StringType())])
+    arrow = pa.schema([("tbl", pa.string()), ("after", pa.string())])
+    write = plan_routed_write(raw, schema, False)
+    rows = [{"tbl": "db.good", "after": '{"id": 1}'}, {"tbl": "db.bad", "after": '{"id": 2'}]
+    with pytest.raises(RoutedInputError, match="column 'after' \\(payload_column\\) holds a payload that is not a JSON object"):
+        _run(write, [rows], arrow, None)
+    assert not table_exists(warehouse, "db.good") and not table_exists(warehouse, "db.bad")
+    # A field null in every row is left out until a row types it.
+    _run(write, [[{"tbl": "db.good", "after": '{"id": 1, "later": null}'}]], arrow, None)
+    assert [f.name for f in load(warehouse, "db.good").schema().fields] == ["id"]
