@@ -150,7 +150,7 @@ class RoutedCommitMessage(WriterCommitMessage):
 @dataclass
 class RoutedTablesMessage(WriterCommitMessage):
     """A task of a write routed to many tables (`table_column`): per table it wrote, that
-    table's identifier, the plan the task made for it (msgpack) and its task result."""
+    table's identifier, the plan the task made for it (pickled) and its task result."""
 
     tables: list[tuple[str, bytes, bytes]]
 

@@ -15,6 +15,7 @@ batch. The progress line says which way the batch went.
 from __future__ import annotations
 
 import logging
+import pickle
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,6 @@ from lakesink_datasource.table.plan import WritePlan
 
 log = logging.getLogger("lakesink")
 
-_plan_decoder = msgspec.msgpack.Decoder(WritePlan)
 
 # Every table of a transaction waits in a thread of its own until all have their swap ready.
 MAX_TOGETHER = 512
@@ -47,7 +47,7 @@ def by_table(messages: list[WriterCommitMessage | None]) -> Tables:
             continue
         for identifier, plan, payload in message.tables:
             if identifier not in tables:
-                decoded = _plan_decoder.decode(plan)
+                decoded = pickle.loads(plan)  # a task's own plan (route_task.py): trusted as Spark's messages are
                 # One progress line for the batch (commit_routed), not one per table.
                 quiet = msgspec.structs.replace(decoded, options=msgspec.structs.replace(decoded.options, progress=False))
                 tables[identifier] = (quiet, [])

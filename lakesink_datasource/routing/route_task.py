@@ -10,10 +10,10 @@ one micro-batch).
 from __future__ import annotations
 
 import logging
+import pickle
 from collections import OrderedDict
 from collections.abc import Iterator
 
-import msgspec
 import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -30,8 +30,6 @@ from lakesink_datasource.table.setup import check_table_route, load_table, plan_
 from lakesink_datasource.write.task import TaskIdentity, write_task
 
 log = logging.getLogger("lakesink")
-
-_encoder = msgspec.msgpack.Encoder()
 
 
 def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who: TaskIdentity | None = None) -> RoutedTablesMessage:
@@ -64,7 +62,9 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
             if plan.keyed is not None:
                 _keep_open(identifier, environment.cached_paths() - opened_before)
             done.append((plan, message))
-            written.append((identifier, _encoder.encode(plan), message.payload))
+            # Pickled as Spark ships the plan to tasks: a catalog's config may hold objects (a REST
+            # catalog's auth manager) that msgpack cannot encode.
+            written.append((identifier, pickle.dumps(plan), message.payload))
     except BaseException:
         _abandon(done)
         raise
