@@ -26,7 +26,7 @@ from lakesink_datasource.routing.route_rows import split_by_table, table_rows
 from lakesink_datasource.schema.arrow_align import table_arrow_schema
 from lakesink_datasource.table import metadata_cache
 from lakesink_datasource.table.plan import WritePlan
-from lakesink_datasource.table.setup import check_table_route, load_table, plan_table_route
+from lakesink_datasource.table.setup import RouteCheck, check_table_route, load_table, plan_table_route
 from lakesink_datasource.write.task import TaskIdentity, write_task
 
 log = logging.getLogger("lakesink")
@@ -41,21 +41,22 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
                 gathered.setdefault(identifier, []).append(rows)
     # Every table's rows are read and checked before any table is created, changed or written:
     # one table's bad payload or option leaves the others as they were.
-    incoming: dict[str, tuple[WriteOptions, pa.Table]] = {}
+    incoming: dict[str, tuple[WriteOptions, pa.Table, RouteCheck]] = {}
     for identifier in sorted(gathered):
         options = write.options.table_options(identifier)
         rows = table_rows(
             pa.concat_tables(gathered.pop(identifier)), write.options,
             _arrow_schema(options, identifier) if write.options.payload_column else None,
         )
-        check_table_route(options, from_arrow_schema(rows.schema), create=write.options.create_tables)
-        incoming[identifier] = options, rows
+        checked = check_table_route(options, from_arrow_schema(rows.schema), create=write.options.create_tables)
+        incoming[identifier] = options, rows, checked
     written: list[tuple[str, bytes, bytes]] = []
     done: list[tuple[WritePlan, LakeSinkCommitMessage]] = []
     try:
-        for identifier, (options, rows) in incoming.items():
+        for identifier, (options, rows, checked) in incoming.items():
             plan = plan_table_route(
-                options, from_arrow_schema(rows.schema), write.table_write_id(identifier), create=write.options.create_tables
+                options, from_arrow_schema(rows.schema), write.table_write_id(identifier), create=write.options.create_tables,
+                checked=checked,
             )
             opened_before = environment.cached_paths() if plan.keyed is not None else set()
             message = write_task(plan, iter(rows.to_batches()), who)

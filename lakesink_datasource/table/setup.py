@@ -8,6 +8,7 @@ byte, so a bad write fails fast and leaves the table as it was.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 
 import msgspec
 from pyiceberg.catalog import Catalog, MetastoreCatalog
@@ -514,7 +515,17 @@ def plan_routed_task(options: WriteOptions, spark_schema: StructType, write_id: 
     return _pinned_plan(table, options, write_id, overwrite=False, sources=_column_sources(options, spark_schema, evolution.schema), keyed=keyed)
 
 
-def check_table_route(options: WriteOptions, spark_schema: StructType, *, create: bool) -> None:
+@dataclass(frozen=True)
+class RouteCheck:
+    """What `check_table_route` found of one table: the table (None: to be created), its
+    keys and how the rows change its schema; `plan_table_route` goes on from it."""
+
+    table: Table | None
+    keyed: KeyedPlan | None = None
+    evolution: Evolution | None = None
+
+
+def check_table_route(options: WriteOptions, spark_schema: StructType, *, create: bool) -> RouteCheck:
     """Everything `plan_table_route` refuses, without its side effects (no table created, no
     column added): a routed task checks all of its tables before it changes any."""
     check_dataframe_columns(spark_schema)
@@ -528,21 +539,28 @@ def check_table_route(options: WriteOptions, spark_schema: StructType, *, create
         parse_partition_spec(options.partition_by, probe)
         parse_sort_order(options.sort_by, probe)
         _check_new_keyed_table(options)
-        return
+        return RouteCheck(None)
     if table.metadata.format_version < 2:
         raise OptionError(f"table {options.table} is Iceberg format version 1; lakesink writes versions 2 and 3")
     keyed = _plan_keys(options, spark_schema, table)
     evolution = _evolution(options, spark_schema, table, keyed)
     if _check_layout_matches(options, table, evolution.schema) is not None:
         raise OptionError(f"table {options.table}: a routed write cannot evolve a table's partitioning (evolve_partition)")
+    return RouteCheck(table, keyed, evolution)
 
 
-def plan_table_route(options: WriteOptions, spark_schema: StructType, write_id: str, *, create: bool) -> WritePlan:
+def plan_table_route(
+    options: WriteOptions, spark_schema: StructType, write_id: str, *, create: bool, checked: RouteCheck | None = None
+) -> WritePlan:
     """The plan a task of a write routed to many tables (`table_column`) makes for one table
     it met: no driver plan names the tables before the tasks see the rows. A table that does
     not exist is created from these rows (`create`); with `merge_schema` new columns are
     added to the table at once, the evolved schema made current (every task of the batch then
-    writes with the one schema the catalog holds). A partition change is refused."""
+    writes with the one schema the catalog holds). A partition change is refused. `checked`:
+    the table as `check_table_route` just found it, planned against when nothing changes it."""
+    if checked is not None and checked.table is not None and checked.evolution is not None and not checked.evolution.changed:
+        sources = _column_sources(options, spark_schema, checked.table.schema())
+        return _pinned_plan(checked.table, options, write_id, overwrite=False, sources=sources, keyed=checked.keyed)
     check_dataframe_columns(spark_schema)
     _check_keyed_options(options, spark_schema, overwrite=False)
     _check_write_target(options, overwrite=False)
