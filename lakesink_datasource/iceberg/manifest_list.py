@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from copy import copy
 
-from pyiceberg.avro.file import AvroFile, AvroOutputFile
+from pyiceberg.avro.file import AvroFile
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
     MANIFEST_LIST_FILE_SCHEMAS,
@@ -19,6 +19,7 @@ from pyiceberg.manifest import (
     PartitionFieldSummary,
 )
 
+from lakesink_datasource.iceberg.avro_output import CachedAvroOutputFile
 from lakesink_datasource.iceberg.manifests import AVRO_CODEC, MF_FIRST_ROW_ID, AvroCodec
 from lakesink_datasource.iceberg.object_cache import TieredCache
 
@@ -105,7 +106,7 @@ class ManifestListWriter:
         if self._format_version >= 3:
             meta["first-row-id"] = str(self.first_row_id)
         prepared = [self._prepare(m) for m in manifests]
-        with AvroOutputFile[ManifestFile](
+        with CachedAvroOutputFile[ManifestFile](
             output_file=self._io.new_output(self.location),
             record_schema=MANIFEST_LIST_FILE_SCHEMAS[3],
             file_schema=MANIFEST_LIST_FILE_SCHEMAS[self._format_version],

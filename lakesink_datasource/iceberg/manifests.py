@@ -32,6 +32,7 @@ from pyiceberg.manifest import (
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 
+from lakesink_datasource.iceberg.avro_output import CachedAvroOutputFile
 from lakesink_datasource.iceberg.object_cache import TieredCache
 
 AvroCodec = Literal["null", "bzip2", "snappy", "zstandard", "deflate"]
@@ -187,7 +188,7 @@ class LakeSinkManifestWriter(ManifestWriter):
     def new_writer(self) -> AvroOutputFile[ManifestEntry]:
         # The record schema must be v3: pyiceberg's default (v2) would silently write
         # null for fields 142-145. A v2 file schema simply drops the trailing fields.
-        return AvroOutputFile[ManifestEntry](
+        return CachedAvroOutputFile[ManifestEntry](
             output_file=self._output_file,
             file_schema=self._with_partition(self._format_version),
             record_schema=self._with_partition(3),
