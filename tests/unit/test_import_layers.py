@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     {"compaction"},  # which files to merge and how to rewrite them (planned with a write, run in its tasks)
     {"table"},  # table state: planning, metadata cache, idempotency
     {"write", "commit", "read"},  # the task side, the commit side, the read side
-    {"maintenance"},
+    {"maintenance", "routing"},  # after a commit; one write routed to many tables (each written and committed as one)
     {"progress"},  # what the driver prints per batch
     {"key_routing"},  # cluster_by_key: routes keyed writes by key shard (the sink commits what it wrote)
     {"spark_rows", "foreach_batch"},  # PySpark 4.0's stream sinks: Rows into Arrow; foreachBatch exactly once
