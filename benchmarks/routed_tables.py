@@ -184,11 +184,19 @@ def render(report: dict[str, Any]) -> str:
             lines.append(f"| {side} | {_spread([r['wall_s'] for r in runs])} | {_spread(means)} | {_spread([r['cpu_s'] for r in runs])} |")
         lines.append("")
         if "streams" in medians:
+            cpu = {s: statistics.median(r["cpu_s"] for r in runs) for s, runs in sides.items()}
+            later = {s: statistics.median(statistics.fmean(r["batch_ms"][1:]) for r in runs) for s, runs in sides.items() if s != "streams"}
             lines.append(f"20 filtering streams / routed (wall): **{medians['streams'] / medians['routed']:.1f}x** (target at least 10x); "
-                         f"routed / single table: {medians['routed'] / medians['single']:.2f}x")
+                         f"CPU: **{cpu['streams'] / cpu['routed']:.1f}x**; routed / single table: {medians['routed'] / medians['single']:.2f}x "
+                         f"(after the first micro-batch, which creates the 20 tables: {later['routed']:.0f} ms against {later['single']:.0f} ms a batch)")
         elif "single" in medians:
             batch = {s: statistics.median(statistics.fmean(r["batch_ms"]) for r in runs) for s, runs in sides.items()}
-            lines.append(f"routed / single table, per micro-batch: **{batch['routed'] / batch['single']:.2f}x** (target at most 3x)")
+            later = {s: statistics.median(statistics.fmean(r["batch_ms"][1:]) for r in runs) for s, runs in sides.items()}
+            first = {s: statistics.median(r["batch_ms"][0] for r in runs) for s, runs in sides.items()}
+            lines.append(f"routed / single table, per micro-batch: **{batch['routed'] / batch['single']:.2f}x** (target at most 3x); "
+                         f"after the first micro-batch (the tables exist): {later['routed']:.0f} ms against {later['single']:.0f} ms, "
+                         f"**{later['routed'] / later['single']:.2f}x**; the first (the routed side creates its {spec['touched']} tables): "
+                         f"{first['routed']:.0f} ms against {first['single']:.0f} ms")
         else:
             runs = sides["routed"]
             per_batch = [statistics.median(r["batch_ms"][i] for r in runs) for i in range(len(runs[0]["batch_ms"]))]
