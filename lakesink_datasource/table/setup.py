@@ -557,34 +557,25 @@ def plan_table_route(
     not exist is created from these rows (`create`); with `merge_schema` new columns are
     added to the table at once, the evolved schema made current (every task of the batch then
     writes with the one schema the catalog holds). A partition change is refused. `checked`:
-    the table as `check_table_route` just found it, planned against when nothing changes it."""
-    if checked is not None and checked.table is not None and checked.evolution is not None and not checked.evolution.changed:
-        sources = _column_sources(options, spark_schema, checked.table.schema())
-        return _pinned_plan(checked.table, options, write_id, overwrite=False, sources=sources, keyed=checked.keyed)
-    check_dataframe_columns(spark_schema)
-    _check_keyed_options(options, spark_schema, overwrite=False)
-    _check_write_target(options, overwrite=False)
-    table = resolve_table(options, spark_schema, create=False)
+    the table as `check_table_route` just found it (checked here when not given)."""
+    if checked is None:
+        checked = check_table_route(options, spark_schema, create=create)
+    table = checked.table
+    if table is not None and checked.evolution is not None and not checked.evolution.changed:
+        sources = _column_sources(options, spark_schema, table.schema())
+        return _pinned_plan(table, options, write_id, overwrite=False, sources=sources, keyed=checked.keyed)
     if table is None:
-        if not create:
-            raise OptionError(f"table {options.table} does not exist and create_tables is false: create it first, or let lakesink create it")
-        probe = _new_table_schema(options, spark_schema)
-        parse_partition_spec(options.partition_by, probe)
-        _check_new_keyed_table(options)
         config = loader.catalog_config(options)
         catalog = retrying(lambda: loader.load(config), what="opening the catalog", catalog=loader.describe(config))
         # No checkpoint check (resolve_table's): a routed stream meets new tables as it runs.
         table = create_table(catalog, options, spark_schema, config)
-    if table.metadata.format_version < 2:
-        raise OptionError(f"table {options.table} is Iceberg format version 1; lakesink writes versions 2 and 3")
     keyed = _plan_keys(options, spark_schema, table)
     evolution = _evolution(options, spark_schema, table, keyed)
     if evolution.changed:
         staged = stage_evolution(table, _stored_columns(options, spark_schema), _key_columns(table, keyed), make_current=True)
         if staged is not None:
             table = staged.table
-            evolution = Evolution(table.schema())
-    if _check_layout_matches(options, table, evolution.schema) is not None:
+    if _check_layout_matches(options, table, table.schema()) is not None:
         raise OptionError(f"table {options.table}: a routed write cannot evolve a table's partitioning (evolve_partition)")
     sources = _column_sources(options, spark_schema, table.schema())
     return _pinned_plan(table, options, write_id, overwrite=False, sources=sources, keyed=keyed)

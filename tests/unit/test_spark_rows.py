@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
+from collections.abc import Iterator
 from decimal import Decimal
 
 import pyarrow as pa
@@ -23,11 +24,10 @@ SCHEMA = T.StructType([
 ])
 
 
-@pytest.fixture
-def in_new_york() -> object:
-    """A Python worker whose local time is not UTC: PySpark hands it naive local datetimes."""
+def _local_time(zone: str) -> Iterator[None]:
+    """A Python worker whose local time is `zone`: PySpark hands it naive local datetimes."""
     before = os.environ.get("TZ")
-    os.environ["TZ"] = "America/New_York"
+    os.environ["TZ"] = zone
     time.tzset()
     yield
     if before is None:
@@ -36,6 +36,15 @@ def in_new_york() -> object:
         os.environ["TZ"] = before
     time.tzset()
 
+
+@pytest.fixture
+def in_new_york() -> Iterator[None]:
+    yield from _local_time("America/New_York")
+
+
+@pytest.fixture
+def in_utc() -> Iterator[None]:
+    yield from _local_time("UTC")
 
 
 def test_rows_and_their_timestamps_convert(in_new_york: object) -> None:
@@ -54,19 +63,6 @@ def test_rows_and_their_timestamps_convert(in_new_york: object) -> None:
     assert first[0]["point"] == {"x": 1.0, "y": 2.0} and first[0]["tags"] == ["p", "q"]
     assert first[0]["price"] == Decimal("1.50") and first[0]["day"] == dt.date(2024, 1, 2)
     assert first[1] == {"id": 2, "name": None, "ts": None, "day": None, "price": None, "point": None, "tags": None}
-
-
-@pytest.fixture
-def in_utc() -> object:
-    before = os.environ.get("TZ")
-    os.environ["TZ"] = "UTC"
-    time.tzset()
-    yield
-    if before is None:
-        del os.environ["TZ"]
-    else:
-        os.environ["TZ"] = before
-    time.tzset()
 
 
 def test_a_utc_workers_timestamps_convert_as_they_are(in_utc: object) -> None:
