@@ -3,7 +3,9 @@
 `table_column` names the column holding each row's table (`namespace.table`, or a bare name
 completed with `namespace`); `payload_column` a column holding the table's row (a JSON
 string, a struct or a map) beside the columns shared by every table (op, sequence);
-`create_tables` whether a table that does not exist is created from its first rows;
+`key_column` a column holding each row's key (Debezium's message key: a JSON string, a struct
+or a map), whose fields are the row's key columns and, for a keyed table lakesink creates,
+its primary key; `create_tables` whether a table that does not exist is created from its first rows;
 `commit_tables` whether a batch's tables land together where the catalog can (`together`,
 the default) or one after another (`in_turn`).
 Every other option applies to each table, and `tables.<namespace>.<table>.<option>` to one
@@ -19,7 +21,7 @@ import msgspec
 
 from lakesink_datasource.options import OptionError, WriteOptions, bool_option, parse_options
 
-ROUTING_OPTIONS = ("table_column", "namespace", "payload_column", "create_tables", "commit_tables")
+ROUTING_OPTIONS = ("table_column", "namespace", "payload_column", "key_column", "create_tables", "commit_tables")
 COMMIT_MODES = ("together", "in_turn")
 _PER_TABLE = "tables."
 # What a routed write does not do (it appends or writes by key, on main, with the layout a
@@ -33,6 +35,7 @@ class RoutingOptions(msgspec.Struct, frozen=True, kw_only=True):
     table_column: str
     namespace: str | None = None
     payload_column: str | None = None
+    key_column: str | None = None
     create_tables: bool = True
     commit_tables: str = "together"
     common: dict[str, str] = {}  # options for every table, as Spark gave them
@@ -107,6 +110,7 @@ def parse_routing(raw: Mapping[str, str]) -> RoutingOptions:
         raise OptionError(f"option 'commit_tables' must be one of {', '.join(COMMIT_MODES)}, got {commit_tables!r}")
     options = RoutingOptions(
         table_column=column, commit_tables=commit_tables, namespace=namespace, payload_column=routing.get("payload_column", "").strip() or None,
+        key_column=routing.get("key_column", "").strip() or None,
         create_tables=bool_option("create_tables", routing["create_tables"]) if "create_tables" in routing else True,
         common=common, per_table=per_table,
     )

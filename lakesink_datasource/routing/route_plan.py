@@ -43,18 +43,22 @@ def plan_routed_write(raw: Mapping[str, str], schema: StructType, overwrite: boo
         raise OptionError(f"option 'table_column': column '{options.table_column}' is not in the DataFrame ({', '.join(schema.fieldNames())})")
     if not isinstance(column.dataType, StringType):
         raise OptionError(f"option 'table_column': column '{options.table_column}' is {column.dataType.simpleString()}, not a string")
-    if options.payload_column is not None:
-        payload = names.get(options.payload_column.lower())
-        if payload is None:
+    for role in ("payload_column", "key_column"):
+        given = getattr(options, role)
+        if given is None:
+            continue
+        field = names.get(given.lower())
+        if field is None:
+            raise OptionError(f"option '{role}': column '{given}' is not in the DataFrame ({', '.join(schema.fieldNames())})")
+        if not isinstance(field.dataType, (StringType, StructType, MapType)):
             raise OptionError(
-                f"option 'payload_column': column '{options.payload_column}' is not in the DataFrame ({', '.join(schema.fieldNames())})"
+                f"option '{role}': column '{given}' is {field.dataType.simpleString()}: give a JSON string, a struct or a map"
             )
-        if not isinstance(payload.dataType, (StringType, StructType, MapType)):
-            raise OptionError(
-                f"option 'payload_column': column '{options.payload_column}' is {payload.dataType.simpleString()}: "
-                "give a JSON string, a struct or a map"
-            )
+    if options.key_column is not None and options.payload_column is None:
+        raise OptionError("option 'key_column' needs 'payload_column': the key's fields complete each table's row there")
     options = msgspec.structs.replace(
-        options, table_column=column.name, payload_column=names[options.payload_column.lower()].name if options.payload_column else None
+        options, table_column=column.name,
+        payload_column=names[options.payload_column.lower()].name if options.payload_column else None,
+        key_column=names[options.key_column.lower()].name if options.key_column else None,
     )
     return RoutedWrite(options=options, write_id=uuid.uuid4().hex)

@@ -58,16 +58,16 @@ def table_rows(rows: pa.Table, options: RoutingOptions, table_schema: pa.Schema 
     if options.payload_column is None:
         return rows
     column = options.payload_column
-    payload = rows.column(column).combine_chunks()
+    parsed = _columns(rows.column(column).combine_chunks(), column, "payload_column", table_schema)
     shared = rows.drop_columns([column])
-    if pa.types.is_struct(payload.type):
-        parsed = pa.Table.from_arrays(payload.flatten(), names=[f.name for f in payload.type])
-    elif pa.types.is_map(payload.type):
-        parsed = pa.Table.from_pylist([dict(m) if m is not None else {} for m in payload.to_pylist()])
-    elif pa.types.is_string(payload.type) or pa.types.is_large_string(payload.type):
-        parsed = _parse_json(payload, column, table_schema)
-    else:
-        raise RoutedInputError(f"column '{column}' (payload_column) is {payload.type}: give a JSON string, a struct or a map")
+    if options.key_column is not None:
+        # The key's fields are the row's key, whatever the payload says (a delete's payload
+        # is often null: Debezium puts the deleted row's key in the message key only).
+        key = _key_columns(rows, options.key_column, table_schema)
+        parsed = parsed.drop_columns([n for n in key.column_names if n in parsed.column_names])
+        for i, name in enumerate(key.column_names):
+            parsed = parsed.add_column(i, key.schema.field(name), key.column(name))
+        shared = shared.drop_columns([options.key_column])
     # A field that is null in every row of a table it is new to has no type to add it with:
     # left out until a row gives it a value (a column the table has is typed by its schema).
     untyped = [f.name for f in parsed.schema if pa.types.is_null(f.type)]
@@ -83,7 +83,38 @@ def table_rows(rows: pa.Table, options: RoutingOptions, table_schema: pa.Schema 
     return parsed
 
 
-def _parse_json(payload: pa.Array, column: str, table_schema: pa.Schema | None) -> pa.Table:
+def key_fields(rows: pa.Table, options: RoutingOptions) -> tuple[str, ...]:
+    """The key column's field names (a keyed table lakesink creates takes them as its key)."""
+    if options.key_column is None:
+        return ()
+    return tuple(_key_columns(rows, options.key_column, None).column_names)
+
+
+def _key_columns(rows: pa.Table, column: str, table_schema: pa.Schema | None) -> pa.Table:
+    """The fields the key column's objects hold, in the table's types where it has them (parsed
+    without the table's schema, which would add every other column, null)."""
+    key = _columns(rows.column(column).combine_chunks(), column, "key_column", None)
+    key = key.drop_columns([f.name for f in key.schema if pa.types.is_null(f.type)])
+    if table_schema is None:
+        return key
+    for i, name in enumerate(key.column_names):
+        if name in table_schema.names and key.schema.field(name).type != table_schema.field(name).type:
+            key = key.set_column(i, name, key.column(name).cast(table_schema.field(name).type))
+    return key
+
+
+def _columns(values: pa.Array, column: str, role: str, table_schema: pa.Schema | None) -> pa.Table:
+    """A JSON string, struct or map column as the columns its objects hold."""
+    if pa.types.is_struct(values.type):
+        return pa.Table.from_arrays(values.flatten(), names=[f.name for f in values.type])
+    if pa.types.is_map(values.type):
+        return pa.Table.from_pylist([dict(m) if m is not None else {} for m in values.to_pylist()])
+    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        return _parse_json(values, column, role, table_schema)
+    raise RoutedInputError(f"column '{column}' ({role}) is {values.type}: give a JSON string, a struct or a map")
+
+
+def _parse_json(payload: pa.Array, column: str, role: str, table_schema: pa.Schema | None) -> pa.Table:
     # A null payload is a row of nulls (a delete that carries its key in shared columns).
     texts = pc.fill_null(payload, "{}").to_pylist()
     blob = "\n".join(texts).encode()
@@ -92,7 +123,7 @@ def _parse_json(payload: pa.Array, column: str, table_schema: pa.Schema | None) 
     try:
         parsed = pa_json.read_json(io.BytesIO(blob), parse_options=parse)
     except pa.ArrowInvalid as exc:
-        raise RoutedInputError(f"column '{column}' (payload_column) holds a payload that is not a JSON object: {exc}") from None
+        raise RoutedInputError(f"column '{column}' ({role}) holds a value that is not a JSON object: {exc}") from None
     return parsed
 
 

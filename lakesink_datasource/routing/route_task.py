@@ -14,15 +14,16 @@ import pickle
 from collections import OrderedDict
 from collections.abc import Iterator
 
+import msgspec
 import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from lakesink_datasource.catalog import loader
 from lakesink_datasource.index import environment
 from lakesink_datasource.messages import LakeSinkCommitMessage, RoutedTablesMessage
-from lakesink_datasource.options import WriteOptions
+from lakesink_datasource.options import KEYED_OPERATIONS, WriteOptions
 from lakesink_datasource.routing.route_plan import RoutedWrite
-from lakesink_datasource.routing.route_rows import split_by_table, table_rows
+from lakesink_datasource.routing.route_rows import key_fields, split_by_table, table_rows
 from lakesink_datasource.schema.arrow_align import table_arrow_schema
 from lakesink_datasource.table import metadata_cache
 from lakesink_datasource.table.plan import WritePlan
@@ -44,10 +45,11 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
     incoming: dict[str, tuple[WriteOptions, pa.Table, RouteCheck]] = {}
     for identifier in sorted(gathered):
         options = write.options.table_options(identifier)
-        rows = table_rows(
-            pa.concat_tables(gathered.pop(identifier)), write.options,
-            _arrow_schema(options, identifier) if write.options.payload_column else None,
-        )
+        received = pa.concat_tables(gathered.pop(identifier))
+        if options.operation in KEYED_OPERATIONS and not options.primary_key and write.options.key_column is not None:
+            # Debezium's way: the message key names the key columns.
+            options = msgspec.structs.replace(options, primary_key=key_fields(received, write.options) or None)
+        rows = table_rows(received, write.options, _arrow_schema(options, identifier) if write.options.payload_column else None)
         checked = check_table_route(options, from_arrow_schema(rows.schema), create=write.options.create_tables)
         incoming[identifier] = options, rows, checked
     written: list[tuple[str, bytes, bytes]] = []

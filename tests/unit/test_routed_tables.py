@@ -222,9 +222,33 @@ def test_one_tables_bad_payload_creates_and_writes_no_table(warehouse: str) -> N
     arrow = pa.schema([("tbl", pa.string()), ("after", pa.string())])
     write = plan_routed_write(raw, schema, False)
     rows = [{"tbl": "db.good", "after": '{"id": 1}'}, {"tbl": "db.bad", "after": '{"id": 2'}]
-    with pytest.raises(RoutedInputError, match="column 'after' \\(payload_column\\) holds a payload that is not a JSON object"):
+    with pytest.raises(RoutedInputError, match="column 'after' \\(payload_column\\) holds a value that is not a JSON object"):
         _run(write, [rows], arrow, None)
     assert not table_exists(warehouse, "db.good") and not table_exists(warehouse, "db.bad")
     # A field null in every row is left out until a row types it.
     _run(write, [[{"tbl": "db.good", "after": '{"id": 1, "later": null}'}]], arrow, None)
     assert [f.name for f in load(warehouse, "db.good").schema().fields] == ["id"]
+
+
+def test_debeziums_message_key_names_each_rows_key(warehouse: str) -> None:
+    """key_column: the key's fields are the row's key and a created table's primary key; a
+    delete whose payload is null (as Debezium sends it) deletes by the key alone."""
+    raw = {"table_column": "tbl", "payload_column": "after", "key_column": "key", "operation": "cdc", "op_column": "op",
+           "warehouse": warehouse, "index_dir": os.path.join(warehouse, "idx"), "progress": "false", "maintenance": "off"}
+    schema = T.StructType([T.StructField(n, T.StringType()) for n in ("tbl", "op", "key", "after")])
+    arrow = pa.schema([(n, pa.string()) for n in ("tbl", "op", "key", "after")])
+    write = plan_routed_write(raw, schema, False)
+    _run(write, [[
+        {"tbl": "db.users", "op": "c", "key": '{"uid": 1}', "after": '{"uid": 1, "name": "ann"}'},
+        {"tbl": "db.users", "op": "c", "key": '{"uid": 2}', "after": '{"uid": 2, "name": "bob"}'},
+        {"tbl": "db.orders", "op": "c", "key": '{"oid": 9}', "after": '{"oid": 9, "total": 5.5}'},
+    ]], arrow, 0)
+    assert [load(warehouse, "db.users").schema().find_column_name(i) for i in load(warehouse, "db.users").schema().identifier_field_ids] == ["uid"]
+    _run(write, [[
+        {"tbl": "db.users", "op": "d", "key": '{"uid": 1}', "after": None},
+        {"tbl": "db.orders", "op": "u", "key": '{"oid": 9}', "after": '{"oid": 9, "total": 7.0}'},
+    ]], arrow, 1)
+    assert_readers_see(warehouse, "db.users", expected_rows([{"uid": 2, "name": "bob"}], ["uid", "name"]), ["uid", "name"])
+    assert_readers_see(warehouse, "db.orders", expected_rows([{"oid": 9, "total": 7.0}], ["oid", "total"]), ["oid", "total"])
+    with pytest.raises(OptionError, match="option 'key_column' needs 'payload_column'"):
+        plan_routed_write({**raw, "payload_column": ""}, schema, False)
