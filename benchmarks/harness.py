@@ -144,6 +144,30 @@ def start_spark(config: BenchConfig, extra_conf: dict[str, str] | None = None): 
 # --------------------------------------------------------------------------- data
 
 
+def stream_session(app_name: str, sources: tuple[type, ...], warehouse_dir: Path | None = None) -> Any:
+    """A warm `local[2]` session of the streaming benchmarks (stream-append, minors), with
+    `sources` (Python data sources) registered."""
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "4g")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.parquet.compression.codec", "zstd")
+    )
+    if warehouse_dir is not None:
+        builder = builder.config("spark.sql.warehouse.dir", str(warehouse_dir))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    for source in sources:
+        spark.dataSource.register(source)
+    return spark
+
+
 def generate_data(spark, rows: int, partitions: int = PARALLELISM):  # type: ignore[no-untyped-def]
     """`id long, cat long, amount double, name string, ts timestamp, flag boolean`.
 

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import OUT_DIR, PROJECT_ROOT, host_probe, log, worker_environment
+from benchmarks.harness import OUT_DIR, PROJECT_ROOT, host_probe, log, stream_session, worker_environment
 
 WORKDIR = Path("/tmp/lakesink-minors")
 SIDES = ("drop-rows", "drop-arrow", "drop-foreach", "lakesink", "lakesink-foreach")
@@ -259,28 +259,12 @@ def available_sides() -> tuple[list[str], dict[str, str]]:
 
 
 def _spark(workdir: Path) -> Any:
-    from pyspark.sql import SparkSession
-
     from benchmarks.noop_sink import NoopPythonSink
     from benchmarks.stream_sinks import STREAM_ARROW, DropRowsStreamSink, NullStreamSink
     from lakesink_datasource import LakeSinkDataSource
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("minors")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "4g")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.parquet.compression.codec", "zstd")
-        .config("spark.sql.warehouse.dir", str(workdir / "spark-warehouse"))
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    for source in (LakeSinkDataSource, DropRowsStreamSink, NoopPythonSink) + ((NullStreamSink,) if STREAM_ARROW else ()):
-        spark.dataSource.register(source)
-    return spark
+    sources = (LakeSinkDataSource, DropRowsStreamSink, NoopPythonSink) + ((NullStreamSink,) if STREAM_ARROW else ())
+    return stream_session("minors", sources, workdir / "spark-warehouse")
 
 
 def run_case(spark: Any, sides: list[str], case: dict[str, Any], reps: int, workdir: Path) -> dict[str, Any]:

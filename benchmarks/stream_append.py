@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.harness import OUT_DIR, host_probe, log, log_events, worker_environment
+from benchmarks.harness import OUT_DIR, host_probe, log, log_events, stream_session, worker_environment
 
 WORKDIR = Path("/tmp/lakesink-stream-append")
 TARGET_LARGE_RATIO = 0.85
@@ -98,26 +98,10 @@ def touch_memory(gib: int) -> float:
 
 
 def _spark() -> Any:
-    from pyspark.sql import SparkSession
-
     from benchmarks.stream_sinks import NullStreamSink, PyarrowStreamSink
     from lakesink_datasource import LakeSinkDataSource
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("stream-append")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "4g")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.parquet.compression.codec", "zstd")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    for source in (LakeSinkDataSource, NullStreamSink, PyarrowStreamSink):
-        spark.dataSource.register(source)
-    return spark
+    return stream_session("stream-append", (LakeSinkDataSource, NullStreamSink, PyarrowStreamSink))
 
 
 def run_side(spark: Any, side: str, source: Path, work: Path) -> dict[str, Any]:

@@ -36,6 +36,16 @@ except ImportError:  # PySpark 4.0: stream sinks get Rows (see the module's docs
     STREAM_ARROW = False
 
 
+class _NothingToCommit:
+    """A floor sink's commit and abort: nothing (the driver's round trip is what they cost)."""
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
+
+
 class NullStreamSink(DataSource):
     @classmethod
     def name(cls) -> str:
@@ -45,17 +55,11 @@ class NullStreamSink(DataSource):
         return NullStreamWriter()
 
 
-class NullStreamWriter(DataSourceStreamArrowWriter):
+class NullStreamWriter(_NothingToCommit, DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         for _ in iterator:  # every batch is transferred, as to a real sink
             pass
         return WriterCommitMessage()
-
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        pass
-
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        pass
 
 
 class PyarrowStreamSink(DataSource):
@@ -67,19 +71,13 @@ class PyarrowStreamSink(DataSource):
         return PyarrowStreamWriter(self.options["path"])
 
 
-class PyarrowStreamWriter(DataSourceStreamArrowWriter):
+class PyarrowStreamWriter(_NothingToCommit, DataSourceStreamArrowWriter):
     def __init__(self, path: str) -> None:
         self.path = path
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         write_parquet(self.path, iterator)
         return WriterCommitMessage()
-
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        pass
-
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        pass
 
 
 class DropRowsStreamSink(DataSource):
@@ -91,14 +89,8 @@ class DropRowsStreamSink(DataSource):
         return DropRowsStreamWriter()
 
 
-class DropRowsStreamWriter(DataSourceStreamWriter):
+class DropRowsStreamWriter(_NothingToCommit, DataSourceStreamWriter):
     def write(self, iterator: Iterator[Row]) -> WriterCommitMessage:
         for _ in iterator:  # every Row is built and handed over, as to a real row sink
             pass
         return WriterCommitMessage()
-
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        pass
-
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        pass

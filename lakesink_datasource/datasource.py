@@ -234,6 +234,16 @@ def _write(plan: WritePlan, iterator: Iterator[pa.RecordBatch]) -> WriterCommitM
     return write_task(plan, iterator)
 
 
+def _stream_arrow(iterator: Iterator[pa.RecordBatch], schema: StructType | None) -> Iterator[pa.RecordBatch]:
+    """A stream writer's input as Arrow batches: PySpark 4.0 hands a stream sink Rows."""
+    if STREAM_ARROW:
+        return iterator
+    from lakesink_datasource.spark_rows import arrow_batches
+
+    assert schema is not None
+    return arrow_batches(iterator, schema)
+
+
 def _abort(plan: WritePlan, messages: list[WriterCommitMessage | None], batch_id: int | None) -> None:
     from lakesink_datasource.commit.committer import abort_write
     from lakesink_datasource.messages import decode_messages
@@ -288,12 +298,7 @@ class LakeSinkStreamWriter(DataSourceStreamArrowWriter):
 
     @without_traceback
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        if not STREAM_ARROW:
-            from lakesink_datasource.spark_rows import arrow_batches
-
-            assert self.schema is not None
-            iterator = arrow_batches(iterator, self.schema)
-        return _write(self.plan, iterator)
+        return _write(self.plan, _stream_arrow(iterator, self.schema))
 
     @without_traceback
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -353,12 +358,7 @@ class TablesStreamWriter(DataSourceStreamArrowWriter):
 
     @without_traceback
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        if not STREAM_ARROW:
-            from lakesink_datasource.spark_rows import arrow_batches
-
-            assert self.schema is not None
-            iterator = arrow_batches(iterator, self.schema)
-        return _write_tables(self.write_plan, iterator)
+        return _write_tables(self.write_plan, _stream_arrow(iterator, self.schema))
 
     @without_traceback
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

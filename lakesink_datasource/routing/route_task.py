@@ -18,7 +18,6 @@ import msgspec
 import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from lakesink_datasource.catalog import loader
 from lakesink_datasource.index import environment
 from lakesink_datasource.messages import LakeSinkCommitMessage, RoutedTablesMessage
 from lakesink_datasource.options import KEYED_OPERATIONS, WriteOptions
@@ -27,7 +26,7 @@ from lakesink_datasource.routing.route_rows import key_fields, split_by_table, t
 from lakesink_datasource.schema.arrow_align import table_arrow_schema
 from lakesink_datasource.table import metadata_cache
 from lakesink_datasource.table.plan import WritePlan
-from lakesink_datasource.table.setup import RouteCheck, check_table_route, load_table, plan_table_route
+from lakesink_datasource.table.setup import RouteCheck, check_table_route, find_table, plan_table_route
 from lakesink_datasource.write.task import TaskIdentity, write_task
 
 log = logging.getLogger("lakesink")
@@ -49,8 +48,11 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
         if options.operation in KEYED_OPERATIONS and not options.primary_key and write.options.key_column is not None:
             # Debezium's way: the message key names the key columns.
             options = msgspec.structs.replace(options, primary_key=key_fields(received, write.options) or None)
-        rows = table_rows(received, write.options, _arrow_schema(options, identifier) if write.options.payload_column else None)
-        checked = check_table_route(options, from_arrow_schema(rows.schema), create=write.options.create_tables)
+        # One lookup serves both: the payload is parsed by the table's columns, then checked.
+        table = find_table(options)
+        schema = table_arrow_schema(table.schema()) if table is not None and write.options.payload_column else None
+        rows = table_rows(received, write.options, schema)
+        checked = check_table_route(options, from_arrow_schema(rows.schema), table, create=write.options.create_tables)
         incoming[identifier] = options, rows, checked
     written: list[tuple[str, bytes, bytes]] = []
     done: list[tuple[WritePlan, LakeSinkCommitMessage]] = []
@@ -86,12 +88,6 @@ def _keep_open(identifier: str, opened: set[str]) -> None:
     while len(_open_indexes) > KEEP_OPEN_TABLES:
         _, paths = _open_indexes.popitem(last=False)
         environment.close_cached(paths)
-
-
-def _arrow_schema(options: WriteOptions, identifier: str) -> pa.Schema | None:
-    """The table's columns in Arrow, to parse its JSON payloads by (None: no such table yet)."""
-    table = load_table(loader.load(loader.catalog_config(options)), identifier)
-    return table_arrow_schema(table.schema()) if table is not None else None
 
 
 def _abandon(done: list[tuple[WritePlan, LakeSinkCommitMessage]]) -> None:

@@ -525,13 +525,19 @@ class RouteCheck:
     evolution: Evolution | None = None
 
 
-def check_table_route(options: WriteOptions, spark_schema: StructType, *, create: bool) -> RouteCheck:
+def find_table(options: WriteOptions) -> Table | None:
+    """The table `options` name, None when it does not exist (catalog errors named, as a
+    write's own planning names them)."""
+    return resolve_table(options, StructType([]), create=False)
+
+
+def check_table_route(options: WriteOptions, spark_schema: StructType, table: Table | None, *, create: bool) -> RouteCheck:
     """Everything `plan_table_route` refuses, without its side effects (no table created, no
-    column added): a routed task checks all of its tables before it changes any."""
+    column added): a routed task checks all of its tables before it changes any. `table`:
+    the table as `find_table` found it (None: it does not exist)."""
     check_dataframe_columns(spark_schema)
     _check_keyed_options(options, spark_schema, overwrite=False)
     _check_write_target(options, overwrite=False)
-    table = resolve_table(options, spark_schema, create=False)
     if table is None:
         if not create:
             raise OptionError(f"table {options.table} does not exist and create_tables is false: create it first, or let lakesink create it")
@@ -559,7 +565,7 @@ def plan_table_route(
     writes with the one schema the catalog holds). A partition change is refused. `checked`:
     the table as `check_table_route` just found it (checked here when not given)."""
     if checked is None:
-        checked = check_table_route(options, spark_schema, create=create)
+        checked = check_table_route(options, spark_schema, find_table(options), create=create)
     table = checked.table
     if table is not None and checked.evolution is not None and not checked.evolution.changed:
         sources = _column_sources(options, spark_schema, table.schema())

@@ -16,19 +16,10 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 
 def main(source: str, checkpoint: str, warehouse: str, *extra: str) -> None:
-    from pyspark.sql import SparkSession
+    # The directory of this script is on sys.path when it runs as one.
+    from stream_child import session
 
-    from lakesink_datasource import LakeSinkDataSource
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(LakeSinkDataSource)
+    spark = session()
     options = {
         "warehouse": warehouse, "table_column": "tbl", "namespace": "cdc", "payload_column": "after",
         "operation": "cdc", "op_column": "op", "sequence_column": "seq", "primary_key": "id", "merge_schema": "true",

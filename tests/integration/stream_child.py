@@ -14,7 +14,8 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 
-def main(source: str, checkpoint: str, warehouse: str, table: str, *extra: str) -> None:
+def session():  # type: ignore[no-untyped-def]
+    """The child job's local[2] session with lakesink registered (routed_child.py's too)."""
     from pyspark.sql import SparkSession
 
     from lakesink_datasource import LakeSinkDataSource
@@ -28,6 +29,11 @@ def main(source: str, checkpoint: str, warehouse: str, table: str, *extra: str) 
     )
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(LakeSinkDataSource)
+    return spark
+
+
+def main(source: str, checkpoint: str, warehouse: str, table: str, *extra: str) -> None:
+    spark = session()
     options = {"warehouse": warehouse, "table": table, **dict(item.split("=", 1) for item in extra)}
     df = spark.readStream.schema("id long, name string").option("maxFilesPerTrigger", 1).parquet(source)
     shards = options.pop("route", None)
