@@ -130,17 +130,23 @@ class LakeSinkDataSource(DataSource):
         return LakeSinkBatchWriter(_timed_plan(parse_options(self.options), schema, overwrite))
 
     @without_traceback
-    def streamWriter(self, schema: StructType, overwrite: bool) -> LakeSinkStreamWriter | RoutedStreamWriter | TablesStreamWriter:
+    def streamWriter(
+        self, schema: StructType, overwrite: bool
+    ) -> LakeSinkStreamWriter | RoutedStreamWriter | TablesStreamWriter | ClusteredTablesStreamWriter:
         from lakesink_datasource.key_routing import routed_stream
         from lakesink_datasource.options import OptionError, parse_options
-        from lakesink_datasource.routing.route_options import is_routed
-        from lakesink_datasource.routing.route_plan import plan_routed_write
+        from lakesink_datasource.routing.route_options import is_routed, parse_routing
+        from lakesink_datasource.routing.route_plan import RoutedWrite, plan_routed_write
 
+        routed = routed_stream(schema, self.options)
+        if routed is not None and routed.tables:
+            # cluster_by_key's stateful operator wrote each shard of the tables its rows named.
+            settle_imports()
+            return ClusteredTablesStreamWriter(RoutedWrite(options=parse_routing(routed.options), write_id=""))
         if is_routed(self.options):
             # Rows routed to many tables (table_column): the tasks plan the tables they meet.
             settle_imports()
             return TablesStreamWriter(plan_routed_write(self.options, schema, overwrite), schema)
-        routed = routed_stream(schema, self.options)
         if routed is not None:
             # cluster_by_key's stateful operator writes the rows; this sink plans the batch
             # (creating the table, refusing bad input, before any task runs) and commits.
@@ -359,6 +365,33 @@ class TablesStreamWriter(DataSourceStreamArrowWriter):
     @without_traceback
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         return _write_tables(self.write_plan, _stream_arrow(iterator, self.schema))
+
+    @without_traceback
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _commit_tables(self.write_plan, messages, batch_id=batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _abort_tables(messages, batch_id=batchId)
+
+
+class ClusteredTablesStreamWriter(DataSourceStreamArrowWriter):
+    """The sink of a stream cluster_by_key routed to many tables: its tasks pass on what each
+    shard's task wrote (every table it met); the commit is a routed write's."""
+
+    def __init__(self, write: RoutedWrite):
+        self.write_plan = write
+
+    @without_traceback
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        from lakesink_datasource.key_routing import RESULT_COLUMN
+        from lakesink_datasource.messages import RoutedTablesMessage
+
+        if not STREAM_ARROW:  # PySpark 4.0: Rows
+            payloads = [row[RESULT_COLUMN] for row in iterator]
+        else:
+            payloads = [p for batch in iterator for p in batch.column(RESULT_COLUMN).to_pylist()]
+        tables = [(i, plan, result) for p in payloads for i, plan, result in msgspec.msgpack.decode(p)]
+        return RoutedTablesMessage(tables)
 
     @without_traceback
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

@@ -15,6 +15,13 @@ gives each Spark partition one shard, so a host holds only the shards its tasks 
 - On a batch DataFrame the rows are repartitioned by shard, one shard per partition, and
   written by the sink's tasks as usual (batch jobs keep no state stores, so nothing pins a
   partition to an executor; each task still opens its one shard's index only).
+
+A write routed to many tables (option `table_column`) is clustered the same way, by each
+row's table key: the tables' keys differ in names and types and are only known once rows are
+read, so the route hashes each key field's text (from `key_column`, or the `primary_key`
+fields of the payload; index/key_route.py says how it stays exact). A shard's task then
+writes its shard of every table it meets (routing/route_task.py), and the sink commits the
+tables as an unclustered routed write does.
 """
 
 from __future__ import annotations
@@ -27,20 +34,24 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from lakesink_datasource.errors import LakesinkError
-from lakesink_datasource.index.key_route import MAX_SHARDS, ROUTE_COLUMN, ROUTE_KEY, route_values
+from lakesink_datasource.index.key_route import MAX_SHARDS, NO_ROUTE, ROUTE_BY_TEXT, ROUTE_COLUMN, ROUTE_KEY, route_values
 from lakesink_datasource.options import DEFAULT_WAREHOUSE, KEYED_OPERATIONS, OptionError, WriteOptions, parse_options
+from lakesink_datasource.routing.route_options import RoutingOptions
 from lakesink_datasource.schema.spark_types import SchemaError
 from lakesink_datasource.table.setup import write_layout
 from lakesink_datasource.write.routed_rows import RowCodec
 
-__all__ = ["RESULT_COLUMN", "RoutedStream", "cluster_by_key", "routed_stream"]
+__all__ = ["RESULT_COLUMN", "RoutedStream", "cluster_by_key", "key_text_column", "routed_stream"]
 
 # The one column a routed stream hands the sink: a keyed write's commit message per shard.
 RESULT_COLUMN = "__lakesink_task_result"
 _SPEC = "lakesink_routed_stream"  # the column's metadata key: what the sink needs to plan
 # Options that only the commit uses: the sink may set them where cluster_by_key did not.
 _COMMIT_ONLY = {"maintenance", "progress", "snapshot_properties", "checkpoint_location"}
+_SPARK_OWNED = {"checkpointlocation", "queryname", "path"}  # what Spark itself passes a sink
 
 
 class RouteError(LakesinkError, ValueError):
@@ -55,6 +66,13 @@ def cluster_by_key(df: Any, *key_columns: str, shards: int | None = None, **opti
     partition holds one shard). Write the result with `writeStream.format("lakesink")` (a
     stream: the sink takes the options given here) or `write.format("lakesink")` with the
     same options (a batch). Everything is checked here, before anything runs."""
+    if any(k.lower() == "table_column" for k in options):
+        if key_columns:
+            raise RouteError(
+                "cluster_by_key with option 'table_column' routes each row by its own table's key (from 'key_column' or "
+                f"each table's 'primary_key'): give no key columns (got {', '.join(key_columns)})"
+            )
+        return _cluster_tables(df, shards, options)
     if not key_columns:
         raise RouteError("cluster_by_key needs the key columns: cluster_by_key(df, 'id', table=..., operation='upsert', ...)")
     raw = _normalised(options, key_columns)
@@ -65,23 +83,13 @@ def cluster_by_key(df: Any, *key_columns: str, shards: int | None = None, **opti
             "for appends, cluster_by_partition clusters rows by table partition"
         )
     key_types = _key_cast_types(df, parsed, key_columns)
-    partitions = int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
-    count = partitions if shards is None else shards
-    if not isinstance(count, int) or not 0 < count <= MAX_SHARDS:
-        raise OptionError(f"cluster_by_key: shards must be an integer between 1 and {MAX_SHARDS}, got {shards!r}")
+    count, partitions = _shard_count(df, shards)
     routed = df.withColumn(ROUTE_COLUMN, _route_column(key_columns, key_types, count, partitions if df.isStreaming else count))
     # The route names its key: a write of the routed rows needs no primary_key option of its own.
     routed = routed.withMetadata(ROUTE_COLUMN, {ROUTE_KEY: list(key_columns)})
     if not df.isStreaming:
         return routed.repartition(count, ROUTE_COLUMN)
-    if importlib.util.find_spec("pandas") is None:  # PySpark's stateful operator refuses to run without it
-        raise RouteError("cluster_by_key on a stream needs pandas (PySpark's applyInPandasWithState requires it): "
-                         "pip install 'lakesink-datasource[cluster]'")
-    if count > partitions:
-        raise OptionError(
-            f"cluster_by_key: shards={count} exceeds spark.sql.shuffle.partitions={partitions}; a stream's partitions each "
-            "hold one shard: give at most that many shards, or raise spark.sql.shuffle.partitions before the query first runs"
-        )
+    _check_stream_shards(count, partitions)
     if parsed.merge_schema or parsed.evolve_partition:
         raise OptionError(
             "cluster_by_key: options merge_schema and evolve_partition are not supported on a routed stream (its tasks "
@@ -90,13 +98,39 @@ def cluster_by_key(df: Any, *key_columns: str, shards: int | None = None, **opti
     return _stateful_route(routed, raw, count)
 
 
-def _normalised(options: Mapping[str, str], key_columns: tuple[str, ...]) -> dict[str, str]:
+def _shard_count(df: Any, shards: int | None) -> tuple[int, int]:
+    """(the number of key shards, the session's shuffle partitions)."""
+    partitions = int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+    count = partitions if shards is None else shards
+    if not isinstance(count, int) or not 0 < count <= MAX_SHARDS:
+        raise OptionError(f"cluster_by_key: shards must be an integer between 1 and {MAX_SHARDS}, got {shards!r}")
+    return count, partitions
+
+
+def _check_stream_shards(count: int, partitions: int) -> None:
+    if importlib.util.find_spec("pandas") is None:  # PySpark's stateful operator refuses to run without it
+        raise RouteError("cluster_by_key on a stream needs pandas (PySpark's applyInPandasWithState requires it): "
+                         "pip install 'lakesink-datasource[cluster]'")
+    if count > partitions:
+        raise OptionError(
+            f"cluster_by_key: shards={count} exceeds spark.sql.shuffle.partitions={partitions}; a stream's partitions each "
+            "hold one shard: give at most that many shards, or raise spark.sql.shuffle.partitions before the query first runs"
+        )
+
+
+def _absolute_warehouse(options: Mapping[str, str]) -> dict[str, str]:
     """The options as the routed tasks will parse them, on executors: the warehouse made
-    absolute here (the executors' working directory differs), the key spelled out."""
+    absolute here (the executors' working directory differs)."""
     raw = {k: str(v) for k, v in options.items()}
-    lowered = {k.lower(): k for k in raw}
-    warehouse = lowered.get("warehouse")
+    warehouse = next((k for k in raw if k.lower() == "warehouse"), None)
     raw[warehouse or "warehouse"] = os.path.abspath(raw[warehouse] if warehouse else DEFAULT_WAREHOUSE)
+    return raw
+
+
+def _normalised(options: Mapping[str, str], key_columns: tuple[str, ...]) -> dict[str, str]:
+    """The options as the routed tasks will parse them, the key spelled out."""
+    raw = _absolute_warehouse(options)
+    lowered = {k.lower(): k for k in raw}
     given = lowered.get("primary_key")
     if given is None:
         raw["primary_key"] = ",".join(key_columns)
@@ -163,18 +197,94 @@ def _route_column(key_columns: tuple[str, ...], casts: list[str], shards: int, p
     return F.element_at(F.array(*(F.lit(v) for v in values)), (F.pmod(hashed, F.lit(shards)) + 1).cast("int"))
 
 
-def _stateful_route(routed: Any, raw: dict[str, str], shards: int) -> Any:
+def _cluster_tables(df: Any, shards: int | None, options: Mapping[str, str]) -> Any:
+    """A DataFrame routed to many tables (`table_column`), clustered by each row's table key."""
+    from pyspark.sql import functions as F
+
+    from lakesink_datasource.routing.route_plan import plan_routed_write
+
+    raw = _absolute_warehouse(options)
+    routing = plan_routed_write(raw, df.schema, overwrite=False).options  # refuses bad options and columns
+    common = routing.table_options(f"{routing.namespace or 'routed'}.any_table")
+    if common.operation not in KEYED_OPERATIONS:
+        raise OptionError(
+            f"cluster_by_key is for keyed writes: give operation='upsert', 'cdc' or 'dedupe' (got {common.operation!r})"
+        )
+    appended = sorted(t for t in routing.per_table if routing.table_options(t).operation not in KEYED_OPERATIONS)
+    if appended:
+        raise OptionError(
+            f"cluster_by_key clusters keyed writes: table(s) {', '.join(appended)} are given a non-keyed operation; write "
+            "them with a query of their own, or give them operation upsert, cdc or dedupe"
+        )
+    if routing.key_column is None and not common.primary_key:
+        raise OptionError(
+            "cluster_by_key with option 'table_column' routes each row by its table's key: give option 'key_column' (each "
+            "row's key, such as Debezium's message key) or 'primary_key' (each table's key columns; "
+            "'tables.<namespace>.<table>.primary_key' for a table of its own)"
+        )
+    count, partitions = _shard_count(df, shards)
+    texts = key_text_column(routing, df.schema)
+    values = route_values(count, partitions if df.isStreaming else count, None)
+    shard = F.element_at(F.array(*(F.lit(v) for v in values)), (F.pmod(F.xxhash64(texts), F.lit(count)) + 1).cast("int"))
+    # NO_ROUTE for a row whose table has no key option: its task refuses it, naming the fix
+    # (a non-null route crosses the stateful operator as it is).
+    routed = df.withColumn(ROUTE_COLUMN, F.coalesce(F.when(texts.isNotNull(), shard), F.lit(NO_ROUTE)))
+    routed = routed.withMetadata(ROUTE_COLUMN, {ROUTE_BY_TEXT: True})
+    if not df.isStreaming:
+        return routed.repartition(count, ROUTE_COLUMN)
+    _check_stream_shards(count, partitions)
+    return _stateful_route(routed, raw, count, tables=True)
+
+
+def key_text_column(routing: RoutingOptions, schema: Any) -> Any:
+    """Each row's key as the texts of its fields, ordered by lower-cased field name (a text
+    route's hash input, see index/key_route.py): the `key_column`'s fields, or the fields its
+    table's `primary_key` names in the payload (or the row). Null when the row's table has
+    no key option."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
+    types = {f.name: f.dataType for f in schema.fields}
+
+    def as_text_map(column: str) -> Any:
+        # Every field as its JSON text: a number's digits, a string's characters, true/false.
+        source = F.col(f"`{column}`")
+        text = source if isinstance(types[column], StringType) else F.to_json(source)
+        return F.transform_keys(F.from_json(text, "map<string,string>"), lambda k, _v: F.lower(k))
+
+    if routing.key_column is not None:
+        entries = F.map_entries(as_text_map(routing.key_column))
+        return F.transform(F.array_sort(entries), lambda e: e["value"])
+    payload = as_text_map(routing.payload_column) if routing.payload_column is not None else None
+
+    def pick(names: tuple[str, ...]) -> Any:
+        ordered = sorted(names, key=str.lower)
+        if payload is not None:
+            return F.array(*(F.element_at(payload, F.lit(n.lower())) for n in ordered))
+        return F.array(*(F.col(f"`{n}`").cast("string") for n in ordered))
+
+    name = F.col(f"`{routing.table_column}`")
+    table = name if routing.namespace is None else F.when(name.contains("."), name).otherwise(F.concat(F.lit(f"{routing.namespace}."), name))
+    common = routing.table_options(f"{routing.namespace or 'routed'}.any_table").primary_key
+    texts = pick(common) if common else F.lit(None).cast("array<string>")
+    for identifier in routing.per_table:
+        own = routing.table_options(identifier).primary_key
+        if own:
+            texts = F.when(table == F.lit(identifier), pick(own)).otherwise(texts)
+    return texts
+
+
+def _stateful_route(routed: Any, raw: dict[str, str], shards: int, *, tables: bool = False) -> Any:
     from pyspark.sql.streaming.state import GroupStateTimeout
     from pyspark.sql.types import BinaryType, StructField, StructType
 
     codec = RowCodec(routed.schema)  # a column it cannot carry exactly is refused here
     data_schema = routed.schema.json()
-    spec = {"options": raw, "schema": data_schema, "shards": shards}
+    spec = {"options": raw, "schema": data_schema, "shards": shards, "tables": tables}
     output = StructType([StructField(RESULT_COLUMN, BinaryType(), False, metadata={_SPEC: spec})])
     encoded = codec.encode(routed)
-    return encoded.groupBy(ROUTE_COLUMN).applyInPandasWithState(
-        _ShardWriter(raw, data_schema), output, "unused int", "append", GroupStateTimeout.NoTimeout
-    )
+    writer = _TablesShardWriter(raw, data_schema) if tables else _ShardWriter(raw, data_schema)
+    return encoded.groupBy(ROUTE_COLUMN).applyInPandasWithState(writer, output, "unused int", "append", GroupStateTimeout.NoTimeout)
 
 
 class _ShardWriter:
@@ -200,6 +310,26 @@ class _ShardWriter:
         plan = plan_routed_task(parse_options(self.raw), schema, _execution_write_id())
         message = write_task(plan, (codec.decode(frame) for frame in frames))
         yield pd.DataFrame({RESULT_COLUMN: [message.payload]})
+
+
+class _TablesShardWriter(_ShardWriter):
+    """A shard's task of a write routed to many tables: the shard of every table its rows
+    name, written as routing/route_task.py writes a task's tables; one message for them all."""
+
+    def __call__(self, key: tuple[Any, ...], frames: Iterator[Any], state: Any) -> Iterator[Any]:
+        import pandas as pd
+        from pyspark.sql.types import StructType
+
+        from lakesink_datasource.routing.route_options import parse_routing
+        from lakesink_datasource.routing.route_plan import RoutedWrite
+        from lakesink_datasource.routing.route_task import write_routed_task
+        from lakesink_datasource.worker_gc import settle_imports
+
+        settle_imports()
+        codec = RowCodec(StructType.fromJson(json.loads(self.data_schema)))
+        write = RoutedWrite(options=parse_routing(self.raw), write_id=_execution_write_id())
+        message = write_routed_task(write, (codec.decode(frame) for frame in frames))
+        yield pd.DataFrame({RESULT_COLUMN: [msgspec.msgpack.encode(message.tables)]})
 
 
 def _execution_write_id() -> str:
@@ -231,6 +361,7 @@ class RoutedStream:
     options: dict[str, str]
     data_schema: Any
     shards: int
+    tables: bool = False  # routed to many tables (table_column): the tasks' messages name them
 
 
 def routed_stream(schema: Any, sink_options: Mapping[str, str]) -> RoutedStream | None:
@@ -243,6 +374,8 @@ def routed_stream(schema: Any, sink_options: Mapping[str, str]) -> RoutedStream 
     spec = schema.fields[0].metadata.get(_SPEC)
     if spec is None:
         return None
+    if spec.get("tables"):
+        return _routed_tables(spec, sink_options)
     raw = {k.lower(): v for k, v in spec["options"].items()}
     merged = {**raw, **{k.lower(): v for k, v in sink_options.items()}}
     tasks, combined = parse_options(raw), parse_options(merged)
@@ -257,3 +390,20 @@ def routed_stream(schema: Any, sink_options: Mapping[str, str]) -> RoutedStream 
             "snapshot_property.* and checkpointLocation)"
         )
     return RoutedStream(merged, StructType.fromJson(json.loads(spec["schema"])), int(spec["shards"]))
+
+
+def _routed_tables(spec: Mapping[str, Any], sink_options: Mapping[str, str]) -> RoutedStream:
+    """A stream cluster_by_key routed to many tables: its tasks planned every table with
+    cluster_by_key's options, so the sink takes none but Spark's own (checkpointLocation)."""
+    from pyspark.sql.types import StructType
+
+    given = {k.lower(): v for k, v in spec["options"].items()}
+    differing = sorted(
+        k for k, v in sink_options.items() if k.lower() not in _SPARK_OWNED and given.get(k.lower()) != str(v)
+    )
+    if differing:
+        raise OptionError(
+            f"option(s) {', '.join(differing)} given to writeStream differ from cluster_by_key's: a stream routed to many "
+            "tables is written with the options given to cluster_by_key; give them there"
+        )
+    return RoutedStream(dict(spec["options"]), StructType.fromJson(json.loads(spec["schema"])), int(spec["shards"]), tables=True)

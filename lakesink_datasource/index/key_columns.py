@@ -36,7 +36,7 @@ class KeyColumns:
         the mask that chose them (None: all of them)."""
         if self.route is None or table.num_rows == 0:
             return table, None
-        keep = self.route.keeps([table.column(c) for c in self.key])
+        keep = self.route.keeps([table.column(c) for c in self.route.key_order(self.key)])
         if keep.all():
             return table, None
         return table.filter(pa.array(keep)), keep

@@ -9,8 +9,15 @@ batch. The keyed task reads the value, opens its host's index of that one shard,
 index keeps only that shard's keys: whatever it reads back from data files (another
 host's rows, a compaction, a rebuild) is filtered by the same hash (`spark_hash.py`).
 
+A write routed to many tables (`table_column`) shards each table's keys by their text
+instead (`by_text`): the tables' key columns and types are only known once their rows are
+read, so Spark hashes each key field as a string (`pmod(xxhash64(k1, k2, ...), shards)` over
+the fields' texts, ordered by lower-cased name), and every key a task writes is checked
+against that shard in the table's types (`keeps`), so a key whose text its table would spell
+otherwise is refused rather than indexed in a shard its rows never reach.
+
 The packed value (a positive bigint): bits 0-15 the shard, 16-31 the shard count, 32-47 the
-key names' fingerprint, 48-61 a salt. Spark's `HashPartitioning` sends a row to partition
+key names' fingerprint (0 for a text route), 48-61 a salt, 62 set for a text route. Spark's `HashPartitioning` sends a row to partition
 `pmod(murmur3(value), partitions)`; the salt is chosen per shard so that shard `r` lands on
 partition `r mod partitions`: every partition gets one shard (with as many shards as
 partitions), none gets two.
@@ -25,17 +32,22 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from lakesink_datasource.index.spark_hash import murmur3_long, xxhash64
 
 __all__ = [
-    "MAX_SHARDS", "ROUTE_COLUMN", "ROUTE_KEY", "KeyRoute", "file_route", "key_fingerprint", "route_values", "shard_of_keys",
+    "MAX_SHARDS", "NO_ROUTE", "ROUTE_BY_TEXT", "ROUTE_COLUMN", "ROUTE_KEY", "KeyRoute", "file_route", "key_fingerprint", "key_texts", "route_values",
+    "shard_of_key_texts", "shard_of_keys", "text_misrouted",
 ]
 
 ROUTE_COLUMN = "__lakesink_key_shard"
 ROUTE_KEY = "lakesink_key_columns"  # the route column's metadata: the key columns it hashed
+NO_ROUTE = -1  # the route of a row routed to many tables whose table has no key to route by
+ROUTE_BY_TEXT = "lakesink_route_by_text"  # ... or that it hashed each table's key texts (many tables)
 MAX_SHARDS = 1 << 15
 _SALTS = 1 << 14
+_TEXT_BIT = 1 << 62
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,7 @@ class KeyRoute:
 
     shard: int
     shards: int
+    by_text: bool = False  # keys hashed as their fields' texts (a write routed to many tables)
 
     def __post_init__(self) -> None:
         if not 0 < self.shards <= MAX_SHARDS or not 0 <= self.shard < self.shards:
@@ -51,38 +64,71 @@ class KeyRoute:
 
     def name(self) -> str:
         """How a host's index directory and the published copies name this shard."""
-        return f"key-shard-{self.shard:05d}-of-{self.shards:05d}"
+        kind = "text-shard" if self.by_text else "shard"
+        return f"key-{kind}-{self.shard:05d}-of-{self.shards:05d}"
 
     def file_tag(self) -> str:
         """What a data file holding only this shard's keys carries in its name: a routed
         task's files, and lakesink's compactions of such files, which merge one shard's files
         only. Another shard's index skips them without reading them."""
-        return f"ks{self.shard:05d}of{self.shards:05d}"
+        return f"{'kt' if self.by_text else 'ks'}{self.shard:05d}of{self.shards:05d}"
 
     def skips(self, path: str) -> bool:
         """Whether a data file named `path` holds no key of this shard (its tag names another)."""
         tagged = file_route(path)
-        return tagged is not None and tagged.shards == self.shards and tagged.shard != self.shard
+        return (
+            tagged is not None and tagged.by_text == self.by_text and tagged.shards == self.shards and tagged.shard != self.shard
+        )
+
+    def key_order(self, names: Sequence[str]) -> list[str]:
+        """The key columns in the order the route hashes them: a text route's by lower-cased
+        name (the route cannot know a table's key order), a typed route's as the key has them."""
+        return sorted(names, key=str.lower) if self.by_text else list(names)
 
     def keeps(self, key_columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
-        """Which rows of these key columns (in the table's types) belong to this shard."""
+        """Which rows of these key columns (in the table's types, in `key_order`) belong to
+        this shard."""
+        if self.by_text:
+            return shard_of_key_texts(key_columns, self.shards) == self.shard
         return shard_of_keys(key_columns, self.shards) == self.shard
 
 
-_FILE_TAG = re.compile(r"-ks(\d{5})of(\d{5})-\d{5}\.parquet$")
+_FILE_TAG = re.compile(r"-k([st])(\d{5})of(\d{5})-\d{5}\.parquet$")
 
 
 def file_route(path: str) -> KeyRoute | None:
     """The key shard whose keys alone a data file holds, from its name (None: untagged)."""
     found = _FILE_TAG.search(path)
-    if found is None or not 0 <= int(found[1]) < int(found[2]) <= MAX_SHARDS:
+    if found is None or not 0 <= int(found[2]) < int(found[3]) <= MAX_SHARDS:
         return None
-    return KeyRoute(int(found[1]), int(found[2]))
+    return KeyRoute(int(found[2]), int(found[3]), by_text=found[1] == "t")
 
 
 def shard_of_keys(key_columns: Sequence[pa.Array | pa.ChunkedArray], shards: int) -> np.ndarray:
     """Each row's key shard, as Spark computes it: `pmod(xxhash64(k1, k2, ...), shards)`."""
     return np.mod(xxhash64(key_columns), shards)
+
+
+def key_texts(key_columns: Sequence[pa.Array | pa.ChunkedArray]) -> list[pa.Array]:
+    """Each key column as the strings a text route hashes: Arrow's text of the value, which
+    is Spark's JSON text of it for integers, strings, booleans and dates (other types may be
+    spelled otherwise: their rows are then refused, never misplaced)."""
+    return [pc.cast(c, pa.string()) for c in key_columns]
+
+
+def shard_of_key_texts(key_columns: Sequence[pa.Array | pa.ChunkedArray], shards: int) -> np.ndarray:
+    """Each row's text-route shard: `pmod(xxhash64(text(k1), text(k2), ...), shards)`."""
+    return np.mod(xxhash64(key_texts(key_columns)), shards)
+
+
+def text_misrouted(routes: pa.Array | pa.ChunkedArray, key_columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
+    """Which rows' packed text routes name another shard than their keys' texts hash to (a
+    row without a route, NO_ROUTE, counts as misrouted)."""
+    values = np.asarray(routes.to_numpy(zero_copy_only=False), dtype=np.int64)
+    routed = values >= 0
+    shards = np.where(routed, (values >> 16) & 0xFFFF, 1)
+    hashed = np.mod(xxhash64(key_texts(key_columns)), shards)
+    return ~routed | (hashed != (values & 0xFFFF))
 
 
 def key_fingerprint(names: Sequence[str]) -> int:
@@ -91,12 +137,12 @@ def key_fingerprint(names: Sequence[str]) -> int:
     return zlib.crc32(",".join(n.lower() for n in names).encode()) & 0xFFFF
 
 
-def route_values(shards: int, partitions: int, names: Sequence[str]) -> list[int]:
+def route_values(shards: int, partitions: int, names: Sequence[str] | None) -> list[int]:
     """The packed route value of every shard, salted so that Spark's hash partitioning into
-    `partitions` puts shard r on partition `r mod partitions`."""
+    `partitions` puts shard r on partition `r mod partitions`. `names` None: a text route."""
     if not 0 < shards <= MAX_SHARDS:
         raise ValueError(f"shards must be between 1 and {MAX_SHARDS}")
-    base = (key_fingerprint(names) << 32) | (shards << 16)
+    base = (_TEXT_BIT if names is None else key_fingerprint(names) << 32) | (shards << 16)
     salts = np.arange(_SALTS, dtype=np.int64) << 48
     values = []
     for shard in range(shards):
@@ -111,4 +157,4 @@ def route_values(shards: int, partitions: int, names: Sequence[str]) -> list[int
 
 def decode_route(value: int) -> tuple[KeyRoute, int]:
     """(the shard, the key names' fingerprint) of a packed route value."""
-    return KeyRoute(value & 0xFFFF, (value >> 16) & 0xFFFF), (value >> 32) & 0xFFFF
+    return KeyRoute(value & 0xFFFF, (value >> 16) & 0xFFFF, by_text=bool(value & _TEXT_BIT)), (value >> 32) & 0xFFFF

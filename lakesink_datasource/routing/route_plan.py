@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import msgspec
 from pyspark.sql.types import MapType, StringType, StructType
 
-from lakesink_datasource.index.key_route import ROUTE_COLUMN
+from lakesink_datasource.index.key_route import ROUTE_BY_TEXT, ROUTE_COLUMN
 from lakesink_datasource.options import OptionError
 from lakesink_datasource.routing.route_options import RoutingOptions, parse_routing
 
@@ -35,8 +35,12 @@ def plan_routed_write(raw: Mapping[str, str], schema: StructType, overwrite: boo
     options = parse_routing(raw)
     if overwrite:
         raise OptionError("option 'table_column' routes rows into tables by appending or by key; an overwrite of many tables is not supported")
-    if any(f.name == ROUTE_COLUMN for f in schema.fields):
-        raise OptionError("option 'table_column' cannot be combined with cluster_by_key: write each table's keyed stream on its own")
+    route = next((f for f in schema.fields if f.name == ROUTE_COLUMN), None)
+    if route is not None and not route.metadata.get(ROUTE_BY_TEXT):
+        raise OptionError(
+            "the DataFrame was routed by cluster_by_key to one table's key shards: write it without 'table_column', or "
+            "route it with cluster_by_key(df, table_column=..., ...) to write many tables"
+        )
     names = {f.name.lower(): f for f in schema.fields}
     column = names.get(options.table_column.lower())
     if column is None:

@@ -15,14 +15,18 @@ from collections import OrderedDict
 from collections.abc import Iterator
 
 import msgspec
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import StructType
 
 from lakesink_datasource.index import environment
+from lakesink_datasource.index.key_route import NO_ROUTE, ROUTE_COLUMN, text_misrouted
 from lakesink_datasource.messages import LakeSinkCommitMessage, RoutedTablesMessage
 from lakesink_datasource.options import KEYED_OPERATIONS, WriteOptions
 from lakesink_datasource.routing.route_plan import RoutedWrite
-from lakesink_datasource.routing.route_rows import key_fields, split_by_table, table_rows
+from lakesink_datasource.routing.route_rows import RoutedInputError, key_fields, split_by_table, table_rows
 from lakesink_datasource.schema.arrow_align import table_arrow_schema
 from lakesink_datasource.table import metadata_cache
 from lakesink_datasource.table.plan import WritePlan
@@ -39,6 +43,9 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
         if batch.num_rows:
             for identifier, rows in split_by_table(batch, write.options):
                 gathered.setdefault(identifier, []).append(rows)
+    # Rows cluster_by_key routed by key shard carry their route: each keyed table's task
+    # then holds that one shard of the table's keys (write.task reads the route).
+    clustered = any(ROUTE_COLUMN in rows.column_names for tables in gathered.values() for rows in tables)
     # Every table's rows are read and checked before any table is created, changed or written:
     # one table's bad payload or option leaves the others as they were.
     incoming: dict[str, tuple[WriteOptions, pa.Table, RouteCheck]] = {}
@@ -52,15 +59,18 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
         table = find_table(options)
         schema = table_arrow_schema(table.schema()) if table is not None and write.options.payload_column else None
         rows = table_rows(received, write.options, schema)
-        checked = check_table_route(options, from_arrow_schema(rows.schema), table, create=write.options.create_tables)
+        checked = check_table_route(options, _table_columns(rows), table, create=write.options.create_tables, clustered=clustered)
+        key = checked.keyed.table_key_columns if checked.keyed is not None else options.primary_key  # a new table's: its option's
+        if clustered and key and options.operation in KEYED_OPERATIONS:
+            _check_clustered_keys(identifier, rows, key)
         incoming[identifier] = options, rows, checked
     written: list[tuple[str, bytes, bytes]] = []
     done: list[tuple[WritePlan, LakeSinkCommitMessage]] = []
     try:
         for identifier, (options, rows, checked) in incoming.items():
             plan = plan_table_route(
-                options, from_arrow_schema(rows.schema), write.table_write_id(identifier), create=write.options.create_tables,
-                checked=checked,
+                options, _table_columns(rows), write.table_write_id(identifier), create=write.options.create_tables,
+                checked=checked, clustered=clustered,
             )
             opened_before = environment.cached_paths() if plan.keyed is not None else set()
             message = write_task(plan, iter(rows.to_batches()), who)
@@ -74,6 +84,40 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
         _abandon(done)
         raise
     return RoutedTablesMessage(written)
+
+
+def _check_clustered_keys(identifier: str, rows: pa.Table, key: tuple[str, ...]) -> None:
+    """Refuse, before any table is created or changed, rows cluster_by_key routed by a key
+    text their table would spell otherwise (the keyed writer checks again in the table's
+    types, which is the check the index relies on)."""
+    names = {n.lower(): n for n in rows.column_names}
+    ordered = sorted(key, key=str.lower)
+    if any(k.lower() not in names for k in ordered):
+        return  # a missing key column: the table's check names it
+    routes = rows.column(ROUTE_COLUMN)
+    if pc.any(pc.equal(routes, NO_ROUTE)).as_py():
+        raise RoutedInputError(
+            f"table {identifier}: rows routed by cluster_by_key carry no key: give every row its key in option 'key_column', "
+            f"or the table's key in 'primary_key' (or 'tables.{identifier}.primary_key'). Nothing was written"
+        )
+    wrong = text_misrouted(routes, [rows.column(names[k.lower()]) for k in ordered])
+    if wrong.any():
+        row = int(np.flatnonzero(wrong)[0])
+        example = {k: rows.column(names[k.lower()])[row].as_py() for k in ordered}
+        types = ", ".join(f"{k} {rows.schema.field(names[k.lower()]).type}" for k in ordered)
+        raise RoutedInputError(
+            f"table {identifier}: cluster_by_key routed {int(wrong.sum())} row(s) by a key text that differs from the "
+            f"table's own text of the key (first: {example}; key {types}). A write routed to many tables hashes each key "
+            "field's JSON text: give keys of integer, string, boolean or date types, spelled as plain JSON values, or "
+            "write these tables without cluster_by_key. Nothing was written"
+        )
+
+
+def _table_columns(rows: pa.Table) -> StructType:
+    """A table's rows as the columns its write plans with: cluster_by_key's route is never
+    stored."""
+    schema = from_arrow_schema(rows.schema)
+    return StructType([f for f in schema.fields if f.name != ROUTE_COLUMN])
 
 
 # Key indexes of this many tables stay open in a process writing many tables (the least

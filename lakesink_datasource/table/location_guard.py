@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyiceberg.io import FileIO
+from pyiceberg.table import Table
 
 from lakesink_datasource.catalog.errors import CatalogError
 from lakesink_datasource.iceberg.listing import list_files
@@ -77,3 +80,29 @@ def refuse_if_in_use(io: FileIO, location: str, identifier: str, catalog: str, o
         f"register {identifier} ..., or your catalog's register_table with {newest.path}), write to another table, or, "
         "if that table was dropped on purpose, delete its files first"
     )
+
+
+def created_meanwhile(load: Callable[[], Table | None], *, attempts: int = 20) -> Table | None:
+    """The table another writer is creating right now (its metadata file is written, its
+    catalog entry follows), once the catalog shows it; None when none appears within about
+    5 s (a table the catalog lost: the caller refuses the location). Several tasks of one
+    routed write meet a new table at once and each creates it."""
+    for attempt in range(attempts):
+        table = load()
+        if table is not None:
+            return table  # the catalog has it now: it is the table of that name, whoever created it
+        time.sleep(min(0.05 * (attempt + 1), 0.5))  # the other creator's catalog call is in flight (about 5 s in all)
+    return None
+
+
+def remove_lost_creations(io: FileIO, location: str, before: frozenset[str], winner_uuid: str) -> None:
+    """After another writer's create of the same table won: the first metadata files that
+    losing creations wrote meanwhile (not there `before`, of another table uuid). Nothing
+    can reference them (the name is the winner's), and left there they would make the
+    location look shared with a lost table (orphan removal would refuse it)."""
+    for path in metadata_files(io, location):
+        if path not in before and table_uuid_of(io, path) not in (winner_uuid, None):
+            try:
+                io.delete(path)
+            except OSError:  # another loser removed it, or the store refused: orphan removal reports it
+                pass

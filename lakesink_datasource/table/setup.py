@@ -33,12 +33,18 @@ from lakesink_datasource.iceberg.history import branch_head
 from lakesink_datasource.iceberg.properties import CREATE_DEFAULTS, FORMAT_VERSION, PropertyError, TableSettings
 from lakesink_datasource.iceberg.row_filter import FilterError, parse_filter
 from lakesink_datasource.iceberg.summary_keys import tasks_of
-from lakesink_datasource.index.key_route import ROUTE_COLUMN, ROUTE_KEY
+from lakesink_datasource.index.key_route import ROUTE_BY_TEXT, ROUTE_COLUMN, ROUTE_KEY
 from lakesink_datasource.options import KEYED_OPERATIONS, OptionError, WriteOptions
 from lakesink_datasource.schema.evolution import Evolution, describe_differences, merge_schema
 from lakesink_datasource.schema.spark_types import SchemaError, check_dataframe_columns, column_mapping, spark_to_iceberg_schema
 from lakesink_datasource.table.checkpoint import committed_batches
-from lakesink_datasource.table.location_guard import LocationInUse, refuse_if_in_use
+from lakesink_datasource.table.location_guard import (
+    LocationInUse,
+    created_meanwhile,
+    metadata_files,
+    refuse_if_in_use,
+    remove_lost_creations,
+)
 from lakesink_datasource.table.partition_spec import describe_spec, parse_partition_spec, same_layout
 from lakesink_datasource.table.plan import KeyedPlan, WritePlan
 from lakesink_datasource.table.schema_staging import stage_evolution
@@ -67,6 +73,11 @@ def without_route(spark_schema: StructType) -> tuple[StructType, tuple[str, ...]
     route = next((f for f in spark_schema.fields if f.name == ROUTE_COLUMN), None)
     if route is None:
         return spark_schema, None
+    if route.metadata.get(ROUTE_BY_TEXT):
+        raise OptionError(
+            "the DataFrame was routed by cluster_by_key to many tables (table_column): write it with the same options, "
+            "'table_column' among them"
+        )
     fields = [f for f in spark_schema.fields if f.name != ROUTE_COLUMN]
     return StructType(fields), tuple(route.metadata.get(ROUTE_KEY) or ())
 
@@ -105,13 +116,19 @@ def create_table(catalog: Catalog, options: WriteOptions, spark_schema: StructTy
     order = parse_sort_order(options.sort_by, schema)
     namespace = options.table.rsplit(".", 1)[0]
     name = loader.describe(config)
+    _ensure_namespace(catalog, namespace, name)
     planned = _planned_location(catalog, options.table)
+    before: frozenset[str] = frozenset()
     if planned is not None:
-        refuse_if_in_use(load_file_io(catalog.properties, planned), planned, options.table, name)
-    try:
-        retrying(lambda: catalog.create_namespace(namespace), what=f"creating namespace {namespace}", catalog=name)
-    except NamespaceAlreadyExistsError:
-        pass
+        planned_io = load_file_io(catalog.properties, planned)
+        try:
+            refuse_if_in_use(planned_io, planned, options.table, name)
+        except LocationInUse:
+            other = created_meanwhile(lambda: _loaded_or_none(catalog, options.table))
+            if other is None:
+                raise
+            return other
+        before = frozenset(metadata_files(planned_io, planned))
     try:
         with v3_metadata_writes():
             table = retrying(
@@ -126,7 +143,10 @@ def create_table(catalog: Catalog, options: WriteOptions, spark_schema: StructTy
             )
     except TableAlreadyExistsError:
         # Another writer created it between our load and create: use theirs.
-        return retrying(lambda: catalog.load_table(options.table), what=f"loading table {options.table}", catalog=name)
+        table = retrying(lambda: catalog.load_table(options.table), what=f"loading table {options.table}", catalog=name)
+        if planned is not None:
+            remove_lost_creations(table.io, planned, before, str(table.metadata.table_uuid))
+        return table
     if planned is None:
         # The catalog chose the location (a REST catalog): check it now, and take the new
         # entry back if another table's metadata is there.
@@ -136,6 +156,25 @@ def create_table(catalog: Catalog, options: WriteOptions, spark_schema: StructTy
             catalog.drop_table(options.table)
             raise
     return table
+
+
+def _ensure_namespace(catalog: Catalog, namespace: str, name: str) -> None:
+    try:
+        retrying(lambda: catalog.create_namespace(namespace), what=f"creating namespace {namespace}", catalog=name)
+    except NamespaceAlreadyExistsError:
+        pass
+    except Exception:
+        # Another writer's create of the same namespace won the race (a SQL catalog then
+        # reports its unique-key violation, not NamespaceAlreadyExistsError).
+        if not catalog.namespace_exists(namespace):
+            raise
+
+
+def _loaded_or_none(catalog: Catalog, identifier: str) -> Table | None:
+    try:
+        return catalog.load_table(identifier)
+    except NoSuchTableError:
+        return None
 
 
 def _planned_location(catalog: Catalog, identifier: str) -> str | None:
@@ -531,10 +570,13 @@ def find_table(options: WriteOptions) -> Table | None:
     return resolve_table(options, StructType([]), create=False)
 
 
-def check_table_route(options: WriteOptions, spark_schema: StructType, table: Table | None, *, create: bool) -> RouteCheck:
+def check_table_route(
+    options: WriteOptions, spark_schema: StructType, table: Table | None, *, create: bool, clustered: bool = False
+) -> RouteCheck:
     """Everything `plan_table_route` refuses, without its side effects (no table created, no
     column added): a routed task checks all of its tables before it changes any. `table`:
-    the table as `find_table` found it (None: it does not exist)."""
+    the table as `find_table` found it (None: it does not exist). `clustered`: the rows were
+    routed by key shard too (cluster_by_key), their route column left out of `spark_schema`."""
     check_dataframe_columns(spark_schema)
     _check_keyed_options(options, spark_schema, overwrite=False)
     _check_write_target(options, overwrite=False)
@@ -548,7 +590,7 @@ def check_table_route(options: WriteOptions, spark_schema: StructType, table: Ta
         return RouteCheck(None)
     if table.metadata.format_version < 2:
         raise OptionError(f"table {options.table} is Iceberg format version 1; lakesink writes versions 2 and 3")
-    keyed = _plan_keys(options, spark_schema, table)
+    keyed = _plan_keys(options, spark_schema, table, routed=clustered)
     evolution = _evolution(options, spark_schema, table, keyed)
     if _check_layout_matches(options, table, evolution.schema) is not None:
         raise OptionError(f"table {options.table}: a routed write cannot evolve a table's partitioning (evolve_partition)")
@@ -556,16 +598,18 @@ def check_table_route(options: WriteOptions, spark_schema: StructType, table: Ta
 
 
 def plan_table_route(
-    options: WriteOptions, spark_schema: StructType, write_id: str, *, create: bool, checked: RouteCheck | None = None
+    options: WriteOptions, spark_schema: StructType, write_id: str, *, create: bool, checked: RouteCheck | None = None,
+    clustered: bool = False,
 ) -> WritePlan:
     """The plan a task of a write routed to many tables (`table_column`) makes for one table
     it met: no driver plan names the tables before the tasks see the rows. A table that does
     not exist is created from these rows (`create`); with `merge_schema` new columns are
     added to the table at once, the evolved schema made current (every task of the batch then
     writes with the one schema the catalog holds). A partition change is refused. `checked`:
-    the table as `check_table_route` just found it (checked here when not given)."""
+    the table as `check_table_route` just found it (checked here when not given).
+    `clustered`: as `check_table_route` has it."""
     if checked is None:
-        checked = check_table_route(options, spark_schema, find_table(options), create=create)
+        checked = check_table_route(options, spark_schema, find_table(options), create=create, clustered=clustered)
     table = checked.table
     if table is not None and checked.evolution is not None and not checked.evolution.changed:
         sources = _column_sources(options, spark_schema, table.schema())
@@ -575,12 +619,12 @@ def plan_table_route(
         catalog = retrying(lambda: loader.load(config), what="opening the catalog", catalog=loader.describe(config))
         # No checkpoint check (resolve_table's): a routed stream meets new tables as it runs.
         table = create_table(catalog, options, spark_schema, config)
-    keyed = _plan_keys(options, spark_schema, table)
+    keyed = _plan_keys(options, spark_schema, table, routed=clustered)
     evolution = _evolution(options, spark_schema, table, keyed)
     if evolution.changed:
         staged = stage_evolution(table, _stored_columns(options, spark_schema), _key_columns(table, keyed), make_current=True)
-        if staged is not None:
-            table = staged.table
+        # None: another task of the batch added the columns first; its schema, current now, is ours.
+        table = staged.table if staged is not None else find_table(options) or table
     if _check_layout_matches(options, table, table.schema()) is not None:
         raise OptionError(f"table {options.table}: a routed write cannot evolve a table's partitioning (evolve_partition)")
     sources = _column_sources(options, spark_schema, table.schema())

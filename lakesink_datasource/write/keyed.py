@@ -37,7 +37,7 @@ from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.for_write import TaskIndex, index_location, open_for_task
 from lakesink_datasource.index.key_columns import SEQUENCE, TOMBSTONE, KeyColumns
 from lakesink_datasource.index.key_encoding import key_hashes
-from lakesink_datasource.index.key_route import ROUTE_COLUMN, KeyRoute, decode_route, key_fingerprint
+from lakesink_datasource.index.key_route import NO_ROUTE, ROUTE_COLUMN, KeyRoute, decode_route, key_fingerprint
 from lakesink_datasource.index.location_codec import Found, pack_locations, pack_positions
 from lakesink_datasource.index.reindex import TombstonesUnreadable
 from lakesink_datasource.io.partitioning import PartitionSplitter
@@ -81,8 +81,14 @@ def open_task_index(
 def chunk_route(batch: pa.RecordBatch, key_columns: tuple[str, ...], held: KeyRoute | None) -> KeyRoute:
     """The one key shard a routed chunk's rows belong to; refused when the rows span several
     (fewer Spark partitions than key shards) or were routed by other columns than the key."""
-    values = pc.unique(batch.column(ROUTE_COLUMN)).to_pylist()
+    values = [None if v == NO_ROUTE else v for v in pc.unique(batch.column(ROUTE_COLUMN)).to_pylist()]
     routes = sorted({decode_route(v)[0] for v in values if v is not None}, key=lambda r: r.shard)
+    if None in values and ((held is not None and held.by_text) or any(r.by_text for r in routes) or not routes):
+        raise KeyedInputError(
+            f"rows routed by cluster_by_key to many tables carry no key (table key columns {', '.join(key_columns)}): "
+            "give every row its key in option 'key_column', or the table's key in 'primary_key' "
+            "(or 'tables.<namespace>.<table>.primary_key'). Nothing was written"
+        )
     if held is not None and held not in routes:
         routes.insert(0, held)
     if len(routes) != 1 or None in values:
@@ -93,8 +99,8 @@ def chunk_route(batch: pa.RecordBatch, key_columns: tuple[str, ...], held: KeyRo
             "shuffle partitions than cluster_by_key's shards (a restarted query keeps the spark.sql.shuffle.partitions of "
             "its checkpoint): call cluster_by_key with shards=<that number of partitions>. Nothing was written"
         )
-    fingerprints = {decode_route(v)[1] for v in values}
-    if fingerprints != {key_fingerprint(key_columns)}:
+    fingerprints = {decode_route(v)[1] for v in values if v is not None}
+    if not routes[0].by_text and fingerprints != {key_fingerprint(key_columns)}:
         raise KeyedInputError(
             f"the rows were routed by cluster_by_key on other columns than the write's primary key "
             f"({', '.join(key_columns)}): give cluster_by_key exactly the primary key columns. Nothing was written"
@@ -111,8 +117,10 @@ class KeyedWriter:
         writer: PartitionedParquetWriter,
         splitter: PartitionSplitter,
         aligner: BatchAligner,
+        route: KeyRoute | None = None,
     ):
         assert plan.keyed is not None
+        self._route = route if route is not None and route.by_text else None  # whose keys are checked row by row
         self._plan = plan
         self._keyed = plan.keyed
         self._writer = writer
@@ -155,6 +163,8 @@ class KeyedWriter:
         keyed = self._keyed
         aligned = self._aligner.align(batch)
         resolution = self._resolution_table(batch, aligned)
+        if self._route is not None:
+            self._check_text_route(self._route, resolution)
         changes = resolve_changes(
             resolution, keyed.table_key_columns,
             op_column=keyed.op_source, delete_ops=self._plan.options.delete_ops, sequence_column=keyed.sequence_source,
@@ -199,6 +209,24 @@ class KeyedWriter:
         self._index.transact(self._token, changes.keys, decide)
         self.lookup_seconds += time.perf_counter() - started
         self._writer.flush_pending()  # Parquet encoding outside the lock
+
+    def _check_text_route(self, route: KeyRoute, resolution: pa.Table) -> None:
+        """Refuse rows whose key, in the table's types, belongs to another shard than the one
+        Spark routed them to by its text: the shard's index would never see that key again
+        (a later change of it, spelled as the table spells it, goes elsewhere)."""
+        names = route.key_order(self._keyed.table_key_columns)
+        keep = route.keeps([resolution.column(n) for n in names])
+        if keep.all():
+            return
+        row = int(np.flatnonzero(~keep)[0])
+        example = {n: resolution.column(n)[row].as_py() for n in names}
+        types = ", ".join(f"{n} {resolution.schema.field(n).type}" for n in names)
+        raise KeyedInputError(
+            f"table {self._plan.options.table}: cluster_by_key routed {int((~keep).sum())} row(s) by a key text that differs "
+            f"from the table's own text of the key (first: {example}; key {types}). A write routed to many tables hashes "
+            "each key field's JSON text: give keys of integer, string, boolean or date types, spelled as plain JSON "
+            "values, or write this table without cluster_by_key. Nothing was written"
+        )
 
     def _decide(self, changes: Changes, found: Found) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Decide every change against the index at once: returns the write mask, the

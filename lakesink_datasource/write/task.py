@@ -259,7 +259,7 @@ def write_task(
                     task_index = open_task_index(
                         plan, metadata, io, partition_id=who.partition_id, attempt=who.attempt, route=route, query_id=who.query_id
                     )
-                    keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner)
+                    keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner, route)
             t0 = time.perf_counter()
             if keyed is not None:
                 keyed.write(batch)

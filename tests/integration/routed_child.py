@@ -3,7 +3,8 @@
 usage: routed_child.py SOURCE CHECKPOINT WAREHOUSE [extra option=value ...]
 Reads Parquet files of CDC events (tbl, op, seq, after: the row as JSON), one file per
 micro-batch with trigger(availableNow=True), into the tables `tbl` names: cdc keyed by id
-with sequence column seq, new tables created and new columns added as they come.
+with sequence column seq, new tables created and new columns added as they come. `route=N`
+clusters each table's keys into N shards with cluster_by_key.
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ def main(source: str, checkpoint: str, warehouse: str, *extra: str) -> None:
         **dict(item.split("=", 1) for item in extra),
     }
     df = spark.readStream.schema("tbl string, op string, seq long, after string").option("maxFilesPerTrigger", 1).parquet(source)
+    shards = options.pop("route", None)
+    if shards is not None:
+        # route=N: each table's keys clustered into N shards (cluster_by_key), the options given to it alone.
+        from lakesink_datasource import cluster_by_key
+
+        df, options = cluster_by_key(df, shards=int(shards), **options), {}
     query = df.writeStream.format("lakesink").options(**options).option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
     query.awaitTermination()
     spark.stop()

@@ -25,6 +25,7 @@ import pytest
 from lakesink_testing import duckdb_rows, expected_rows, load, pyiceberg_rows
 
 from lakesink_datasource.iceberg.summary_keys import EPOCH_ID
+from lakesink_datasource.index.key_route import file_route, shard_of_key_texts
 
 CHILD = str(Path(__file__).with_name("routed_child.py"))
 TABLES = [f"t{i:02d}" for i in range(20)]
@@ -117,7 +118,27 @@ def test_a_cdc_stream_of_20_tables_survives_sigkills_with_every_table_exact(tmp_
     # One table after another: the driver dies between two tables' commits of batch 4.
     assert run(tmp_path, warehouse, [{"point": "after_commit", "batch": 4, "table": "cdc.t03", "action": "kill"}], "commit_tables=in_turn") == -signal.SIGKILL
     assert run(tmp_path, warehouse, None) == 0
+    assert_every_table_matches(warehouse, batches)
 
+
+def test_a_cdc_stream_of_20_tables_clustered_by_key_survives_sigkills(tmp_path: Path, warehouse: str) -> None:
+    """The same stream through cluster_by_key: each table's keys in two shards, each shard's
+    task writing its part of every table, the tables committed together."""
+    batches = make_events(tmp_path / "source")
+    assert run(tmp_path, warehouse, [{"point": "after_commit", "batch": 1, "table": "cdc.t05", "action": "kill"}], "route=2") == -signal.SIGKILL
+    assert run(tmp_path, warehouse, [{"point": "before_commit", "batch": 3, "table": "cdc.t12", "action": "kill"}], "route=2") == -signal.SIGKILL
+    assert run(tmp_path, warehouse, None, "route=2") == 0
+    assert_every_table_matches(warehouse, batches)
+    for table in TABLES:
+        current = load(warehouse, f"cdc.{table}")
+        for task in current.scan().plan_files():
+            route = file_route(task.file.file_path)
+            assert route is not None and route.by_text and route.shards == 2, task.file.file_path
+            ids = pq.read_table(task.file.file_path.removeprefix("file://"), columns=["id"]).column("id")
+            assert set(shard_of_key_texts([ids], 2).tolist()) == {route.shard}
+
+
+def assert_every_table_matches(warehouse: str, batches: list[list[dict]]) -> None:
     expected = model(batches)
     assert sorted(expected) == TABLES
     for table in TABLES:

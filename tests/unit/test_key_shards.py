@@ -26,8 +26,20 @@ from pyspark.sql import types as T
 from lakesink_datasource.index import published
 from lakesink_datasource.index.for_write import index_location
 from lakesink_datasource.index.key_columns import KeyColumns
-from lakesink_datasource.index.key_route import ROUTE_COLUMN, KeyRoute, decode_route, key_fingerprint, route_values, shard_of_keys
+from lakesink_datasource.index.key_route import (
+    NO_ROUTE,
+    ROUTE_COLUMN,
+    KeyRoute,
+    decode_route,
+    file_route,
+    key_fingerprint,
+    route_values,
+    shard_of_key_texts,
+    shard_of_keys,
+    text_misrouted,
+)
 from lakesink_datasource.index.sharded_index import open_sharded
+from lakesink_datasource.index.spark_hash import xxhash64
 from lakesink_datasource.maintenance.compaction import compact
 from lakesink_datasource.messages import decode_messages
 from lakesink_datasource.table.plan import WritePlan
@@ -51,6 +63,40 @@ def test_route_values_name_their_shard_and_key(shards: int, partitions: int) -> 
         assert route == KeyRoute(shard, shards)
         assert fingerprint == key_fingerprint(["tenant", "ID"]) != key_fingerprint(["id", "tenant"])
         assert 0 < value < 1 << 63
+
+
+@pytest.mark.parametrize("shards, partitions", [(1, 1), (3, 8), (200, 200)])
+def test_a_text_routes_values_say_so_and_its_shards_are_apart_from_a_typed_routes(shards: int, partitions: int) -> None:
+    """A write routed to many tables: its route values decode to text shards, whose index
+    directories and file tags differ from a typed route's, so neither reads the other's."""
+    for shard, value in enumerate(route_values(shards, partitions, None)):
+        route, fingerprint = decode_route(value)
+        assert route == KeyRoute(shard, shards, by_text=True) != KeyRoute(shard, shards)
+        assert fingerprint == 0 and 0 < value < 1 << 63
+        typed = KeyRoute(shard, shards)
+        assert route.name() != typed.name() and route.file_tag() != typed.file_tag()
+        path = f"s3://b/t/data/00000-0-abc-{route.file_tag()}-00000.parquet"
+        assert file_route(path) == route
+        other = KeyRoute((shard + 1) % shards, shards)
+        assert not typed.skips(path) and not other.skips(path)  # another kind's file: read, then filtered by key
+        assert KeyRoute((shard + 1) % shards, shards, by_text=True).skips(path) == (shards > 1)
+
+
+def test_a_text_shard_keeps_the_keys_whose_texts_hash_to_it_whatever_the_key_order() -> None:
+    table = pa.table({"b_id": pa.array(range(1000), pa.int32()), "A": [f"k{i}" for i in range(1000)]})
+    seen = np.zeros(1000, dtype=int)
+    for shard in range(3):
+        kept, mask = KeyColumns(("b_id", "A"), None, KeyRoute(shard, 3, by_text=True)).own_rows(table)
+        assert mask is not None
+        seen += mask
+        # Hashed by name order (A before b_id) over the texts of the values, as Spark hashes the key's JSON fields.
+        texts = [kept["A"], pa.array([str(i) for i in kept["b_id"].to_pylist()])]
+        assert (np.mod(xxhash64(texts), 3) == shard).all()
+    assert (seen == 1).all()
+    routes = pa.array(route_values(3, 3, None), pa.int64())
+    wrong = text_misrouted(pa.array([routes[0].as_py(), routes[1].as_py(), NO_ROUTE]), [pa.array(["k1", "k1", "k1"])])
+    right = int(shard_of_key_texts([pa.array(["k1"])], 3)[0])
+    assert wrong.tolist() == [right != 0, right != 1, True]
 
 
 def test_a_key_belongs_to_exactly_one_shard() -> None:
