@@ -11,6 +11,7 @@ spec rules these follow.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Final, Literal
 
@@ -28,9 +29,13 @@ from pyiceberg.manifest import (
     ManifestFile,
     ManifestWriter,
     construct_partition_summaries,
+    data_file_with_partition,
+    manifest_entry_schema_with_data_file,
 )
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
+from pyiceberg.typedef import TableVersion
+from pyiceberg.types import StructType
 
 from lakesink_datasource.iceberg.avro_output import CachedAvroOutputFile
 from lakesink_datasource.iceberg.object_cache import TieredCache
@@ -155,6 +160,12 @@ def _read_all_entries(io: FileIO, manifest: ManifestFile) -> list[ManifestEntry]
     return entries
 
 
+@functools.lru_cache(maxsize=256)
+def _entry_schema(format_version: TableVersion, partition_type: StructType) -> Schema:
+    data_file = data_file_with_partition(format_version=format_version, partition_type=partition_type)
+    return manifest_entry_schema_with_data_file(format_version=format_version, data_file=data_file)
+
+
 class LakeSinkManifestWriter(ManifestWriter):
     """A data or delete manifest for format version 2 or 3, written from v3-shaped records."""
 
@@ -184,6 +195,11 @@ class LakeSinkManifestWriter(ManifestWriter):
     @property
     def _meta(self) -> dict[str, str]:
         return {**super()._meta, "content": "deletes" if self._content == ManifestContent.DELETES else "data"}
+
+    def _with_partition(self, format_version: TableVersion) -> Schema:
+        # The entry schema depends only on the version and the partition type; building it
+        # (and its name index) costs about half a millisecond, once per table and version.
+        return _entry_schema(format_version, self._spec.partition_type(self._schema))
 
     def new_writer(self) -> AvroOutputFile[ManifestEntry]:
         # The record schema must be v3: pyiceberg's default (v2) would silently write
