@@ -138,9 +138,25 @@ def _child(side: str, case: str, work: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------ the run
 
 
+def file_create_ms(work: Path, files: int = 400) -> float:
+    """Milliseconds to create one empty file, over `files` in 100 fresh directories under
+    `work` (the routed side creates four files per table and batch, the single-table side
+    four per batch: a slow file system weighs on the ratio)."""
+    probe = work / "create-probe"
+    for i in range(100):
+        (probe / f"t{i:03d}").mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    for i in range(files):
+        (probe / f"t{i % 100:03d}" / f"f{i}").touch()
+    ms = (time.perf_counter() - started) / files * 1e3
+    shutil.rmtree(probe)
+    return ms
+
+
 def main(reps: int, cases: list[str], out: Path, work: Path = WORKDIR) -> int:
     shutil.rmtree(work, ignore_errors=True)
     make_source(work / "warm-source", tables=2, rows=100, batches=1, touched=2)
+    create_before = file_create_ms(work)
     for case in cases:
         spec = CASES[case]
         make_source(work / f"source-{case}", spec["tables"], spec["rows"], spec["batches"], spec["touched"])
@@ -156,7 +172,8 @@ def main(reps: int, cases: list[str], out: Path, work: Path = WORKDIR) -> int:
                 log(f"{case} rep {rep}: {side} {result['wall_s']:.1f} s, CPU {result['cpu_s']:.1f} s")
                 results[case][side].append(result)
     report = {"started": started, "ended": time.strftime("%Y-%m-%d %H:%M:%S"), "host_before": probe_before,
-              "host_after": host_probe(), "reps": reps, "results": results}
+              "host_after": host_probe(), "reps": reps, "results": results, "workdir": str(work),
+              "file_create_ms": [create_before, file_create_ms(work)]}
     out.mkdir(parents=True, exist_ok=True)
     (out / "routed.json").write_text(json.dumps(report, indent=1))
     (out / "ROUTED.md").write_text(render(report))
@@ -172,6 +189,10 @@ def _spread(values: list[float]) -> str:
 def render(report: dict[str, Any]) -> str:
     lines = [f"# One stream, many tables ({report['started']} to {report['ended']}, local[2], {report['reps']} runs per side)", "",
              f"Host probe before/after: {report['host_before']} / {report['host_after']}", ""]
+    if "file_create_ms" in report:
+        before, after = report["file_create_ms"]
+        lines += [f"Tables under {report['workdir']}: creating an empty file there took {before:.3f} ms before the runs, "
+                  f"{after:.3f} ms after (the routed side creates four files per table and batch).", ""]
     for case, sides in report["results"].items():
         spec = CASES[case]
         lines += [f"## {case}: {spec['batches']} micro-batches of {spec['touched']} tables x {spec['rows']:,} rows"
@@ -216,13 +237,14 @@ def cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--side", help=argparse.SUPPRESS)
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", default=str(WORKDIR), help=f"where the tables go (default {WORKDIR}); emptied first")
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.side:
         result = run_side(args.side, args.case, Path(args.work))
         Path(args.result).write_text(json.dumps(result))
         return 0
-    return main(args.reps, args.cases.split(","), Path(args.out).resolve() if args.out else OUT_DIR)
+    return main(args.reps, args.cases.split(","), Path(args.out).resolve() if args.out else OUT_DIR, Path(args.workdir).resolve())
 
 
 if __name__ == "__main__":
