@@ -194,8 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     ro.add_argument("--reps", type=int, default=3, help="runs per side and case (default 3)")
     ro.add_argument("--cases", default="replicate,wide,thousand", help="comma-separated: replicate, wide, thousand")
     ro.add_argument("--out", help="where ROUTED.md and routed.json go (default ./benchmark-results/; benchmarks/results holds the committed ones)")
+    ro.add_argument("--workdir", help="where the tables go (default /tmp/lakesink-routed); emptied first")
     ro.set_defaults(func=lambda a: __import__("benchmarks.routed_tables", fromlist=["x"]).cli(
-        ["--reps", str(a.reps), "--cases", a.cases, *(["--out", a.out] if a.out else [])]))
+        ["--reps", str(a.reps), "--cases", a.cases, *(["--out", a.out] if a.out else []),
+         *(["--workdir", a.workdir] if a.workdir else [])]))
     lst = sub.add_parser("list", help="list the scenarios")
     lst.set_defaults(func=lambda a: [print(f"{s.id}\t{s.key}\t{s.title}") for s in __import__("benchmarks.scenarios", fromlist=["x"]).SCENARIOS] and 0)
     args = parser.parse_args(argv)
