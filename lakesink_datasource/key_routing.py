@@ -252,15 +252,29 @@ def key_text_column(routing: RoutingOptions, schema: Any) -> Any:
         text = source if isinstance(types[column], StringType) else F.to_json(source)
         return F.transform_keys(F.from_json(text, "map<string,string>"), lambda k, _v: F.lower(k))
 
+    # A top-level column (op, sequence, or any other shared one) wins over a payload's or
+    # key's field of its name, as it does in each table's row (routing/route_rows.py).
+    carried = {routing.table_column, routing.payload_column, routing.key_column}
+    shared = {f.name.lower(): f.name for f in schema.fields if f.name not in carried}
+
+    def shared_text(name: str) -> Any:
+        return F.col(f"`{shared[name.lower()]}`").cast("string")
+
     if routing.key_column is not None:
+        def field_text(e: Any) -> Any:
+            value = e["value"]
+            for lowered in shared:
+                value = F.when(e["key"] == F.lit(lowered), shared_text(lowered)).otherwise(value)
+            return value
+
         entries = F.map_entries(as_text_map(routing.key_column))
-        return F.transform(F.array_sort(entries), lambda e: e["value"])
+        return F.transform(F.array_sort(entries), field_text)
     payload = as_text_map(routing.payload_column) if routing.payload_column is not None else None
 
     def pick(names: tuple[str, ...]) -> Any:
         ordered = sorted(names, key=str.lower)
         if payload is not None:
-            return F.array(*(F.element_at(payload, F.lit(n.lower())) for n in ordered))
+            return F.array(*(shared_text(n) if n.lower() in shared else F.element_at(payload, F.lit(n.lower())) for n in ordered))
         return F.array(*(F.col(f"`{n}`").cast("string") for n in ordered))
 
     name = F.col(f"`{routing.table_column}`")

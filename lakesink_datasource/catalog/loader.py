@@ -55,6 +55,18 @@ _cache: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Catalog, int | None]
 _lock = threading.Lock()
 
 
+def _load_catalog(config: CatalogConfig) -> Catalog:
+    try:
+        return load_catalog(config.name, **config.properties)
+    except Exception as exc:
+        # Two processes opening a new SQL catalog at once both create its tables; the one that
+        # comes second is told they exist (sqlite: "table iceberg_tables already exists").
+        # Opened again, it finds them.
+        if "already exists" not in str(exc) or type(exc).__module__.split(".")[0] != "sqlalchemy":
+            raise
+        return load_catalog(config.name, **config.properties)
+
+
 def load(config: CatalogConfig) -> Catalog:
     """Return the process-wide catalog for this config (connections are reused).
 
@@ -89,7 +101,7 @@ def load(config: CatalogConfig) -> Catalog:
                     )
             os.makedirs(warehouse, exist_ok=True)
         try:
-            catalog = load_catalog(config.name, **config.properties)
+            catalog = _load_catalog(config)
         except (ImportError, NotInstalledError) as exc:
             raise CatalogError(_missing_driver(config, exc)) from exc
         except ValueError as exc:

@@ -23,8 +23,12 @@ def index_owner(path: str) -> str:
     digest = hashlib.sha1(os.path.realpath(path).encode()).hexdigest()[:8]
     host = f"{socket.gethostname().replace(',', '_').replace('/', '_')}:{digest}"
     # An index of one key shard says which, in progress lines and summaries.
-    shard = os.path.basename(path.rstrip(os.sep)).partition(".key-shard-")[2]
-    return f"{host}#shard-{shard}" if shard else host
+    name = os.path.basename(path.rstrip(os.sep))
+    for kind in (".key-shard-", ".key-text-shard-"):
+        shard = name.partition(kind)[2]
+        if shard:
+            return f"{host}#{kind[5:]}{shard}"
+    return host
 
 
 def owner_digest(owner: str) -> str:

@@ -61,7 +61,8 @@ CHANGED_FRACTION = 0.1
 MIN_CHANGED_ROWS = 100_000
 MIN_KEYS = 100_000  # below this a rebuild is cheap: nothing is published
 _CHUNK = 8 << 20
-SHARD_PREFIX = "key-shard-"  # KeyRoute.name(): the folders of key shards' copies
+# KeyRoute.name(): the folders of key shards' copies (a typed route's, a text route's).
+SHARD_PREFIXES = ("key-shard-", "key-text-shard-")
 
 
 class CopyManifest(msgspec.Struct, frozen=True):
@@ -92,7 +93,7 @@ def copies_root(metadata: TableMetadata, route: KeyRoute | None = None) -> str:
 
 
 def _is_shard_folder(name: str) -> bool:
-    return name.startswith(SHARD_PREFIX)
+    return name.startswith(SHARD_PREFIXES)
 
 
 def _copy_name(state: IndexState, publisher: str) -> str:

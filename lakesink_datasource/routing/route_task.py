@@ -62,7 +62,7 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
         checked = check_table_route(options, _table_columns(rows), table, create=write.options.create_tables, clustered=clustered)
         key = checked.keyed.table_key_columns if checked.keyed is not None else options.primary_key  # a new table's: its option's
         if clustered and key and options.operation in KEYED_OPERATIONS:
-            _check_clustered_keys(identifier, rows, key)
+            _check_clustered_keys(identifier, rows, key, table_arrow_schema(table.schema()) if table is not None else None)
         incoming[identifier] = options, rows, checked
     written: list[tuple[str, bytes, bytes]] = []
     done: list[tuple[WritePlan, LakeSinkCommitMessage]] = []
@@ -86,10 +86,16 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
     return RoutedTablesMessage(written)
 
 
-def _check_clustered_keys(identifier: str, rows: pa.Table, key: tuple[str, ...]) -> None:
+def _text_key_type(t: pa.DataType) -> bool:
+    """A key type whose Arrow text is Spark's JSON text of the value (what a text route hashes)."""
+    return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_boolean(t) or pa.types.is_date32(t)
+
+
+def _check_clustered_keys(identifier: str, rows: pa.Table, key: tuple[str, ...], table_schema: pa.Schema | None) -> None:
     """Refuse, before any table is created or changed, rows cluster_by_key routed by a key
-    text their table would spell otherwise (the keyed writer checks again in the table's
-    types, which is the check the index relies on)."""
+    text their table would spell otherwise: a key type whose text may differ, or a row
+    whose key, in the table's types, hashes to another shard (the keyed writer checks the
+    rows again as it writes them, which is the check the index relies on)."""
     names = {n.lower(): n for n in rows.column_names}
     ordered = sorted(key, key=str.lower)
     if any(k.lower() not in names for k in ordered):
@@ -100,7 +106,22 @@ def _check_clustered_keys(identifier: str, rows: pa.Table, key: tuple[str, ...])
             f"table {identifier}: rows routed by cluster_by_key carry no key: give every row its key in option 'key_column', "
             f"or the table's key in 'primary_key' (or 'tables.{identifier}.primary_key'). Nothing was written"
         )
-    wrong = text_misrouted(routes, [rows.column(names[k.lower()]) for k in ordered])
+    stored = {f.name.lower(): f.type for f in table_schema} if table_schema is not None else {}
+    columns = []
+    for k in ordered:
+        column = rows.column(names[k.lower()])
+        target = stored.get(k.lower(), column.type)
+        if not _text_key_type(target):
+            raise RoutedInputError(
+                f"table {identifier}: key column '{k}' is {target}: cluster_by_key routes the keys of many tables by their "
+                "JSON text, which is the table's own text of a key only for integer, string, boolean and date keys; write "
+                "this table without cluster_by_key. Nothing was written"
+            )
+        try:
+            columns.append(column.cast(target))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return  # a value the table's type cannot hold: the table's own check names it
+    wrong = text_misrouted(routes, columns)
     if wrong.any():
         row = int(np.flatnonzero(wrong)[0])
         example = {k: rows.column(names[k.lower()])[row].as_py() for k in ordered}
@@ -109,7 +130,7 @@ def _check_clustered_keys(identifier: str, rows: pa.Table, key: tuple[str, ...])
             f"table {identifier}: cluster_by_key routed {int(wrong.sum())} row(s) by a key text that differs from the "
             f"table's own text of the key (first: {example}; key {types}). A write routed to many tables hashes each key "
             "field's JSON text: give keys of integer, string, boolean or date types, spelled as plain JSON values, or "
-            "write these tables without cluster_by_key. Nothing was written"
+            "write this table without cluster_by_key. Nothing was written"
         )
 
 

@@ -82,6 +82,18 @@ def test_a_text_routes_values_say_so_and_its_shards_are_apart_from_a_typed_route
         assert KeyRoute((shard + 1) % shards, shards, by_text=True).skips(path) == (shards > 1)
 
 
+def test_a_text_shards_index_and_published_copies_are_named_as_a_shards() -> None:
+    """Published copies of a text shard's index live in a shard folder (not taken for a copy
+    of the whole index, which pruning and orphan removal count), and its owner names it."""
+    from lakesink_datasource.index.owner import index_owner
+
+    for route in (KeyRoute(3, 8), KeyRoute(3, 8, by_text=True)):
+        assert route.name().startswith(published.SHARD_PREFIXES)
+        owner = index_owner(f"/idx/0a1b.query-abc.{route.name()}")
+        assert owner.endswith(f"#{route.name().removeprefix('key-')}")
+    assert "#" not in index_owner("/idx/0a1b.query-abc")
+
+
 def test_a_text_shard_keeps_the_keys_whose_texts_hash_to_it_whatever_the_key_order() -> None:
     table = pa.table({"b_id": pa.array(range(1000), pa.int32()), "A": [f"k{i}" for i in range(1000)]})
     seen = np.zeros(1000, dtype=int)

@@ -5,8 +5,11 @@ table's metadata is refused by lakesink's own creation and orphan removal)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -38,3 +41,24 @@ def test_writers_creating_one_table_at_once_all_get_the_winner_and_no_stray_meta
     assert uuids == {str(table.metadata.table_uuid)}
     names = [p.rsplit("/", 1)[1] for p in metadata_files(table.io, table.metadata.location)]
     assert names == [table.metadata_location.rsplit("/", 1)[1]]
+
+
+def _open_catalog(warehouse: str, start: Any) -> None:
+    config = loader.catalog_config(parse_options({"table": "db.t", "warehouse": warehouse}))
+    start.wait()
+    loader.load(config).list_namespaces()
+
+
+def test_processes_opening_a_new_embedded_catalog_at_once_all_open_it(tmp_path: Path) -> None:
+    """Spark's tasks are processes: the first write to a new warehouse may be several tasks
+    at once, each creating the embedded catalog's tables."""
+    context = multiprocessing.get_context("fork")
+    for round_ in range(5):
+        warehouse = str(tmp_path / f"warehouse{round_}")
+        start = context.Barrier(WRITERS)
+        workers = [context.Process(target=_open_catalog, args=(warehouse, start)) for _ in range(WRITERS)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(60)
+        assert [w.exitcode for w in workers] == [0] * WRITERS
