@@ -37,8 +37,8 @@ import pyarrow.compute as pc
 from lakesink_datasource.index.spark_hash import murmur3_long, xxhash64
 
 __all__ = [
-    "MAX_SHARDS", "NO_ROUTE", "ROUTE_BY_TEXT", "ROUTE_COLUMN", "ROUTE_KEY", "KeyRoute", "file_route", "key_fingerprint", "key_texts", "route_values",
-    "shard_of_key_texts", "shard_of_keys", "text_misrouted",
+    "MAX_SHARDS", "NO_ROUTE", "ROUTE_BY_TEXT", "ROUTE_COLUMN", "ROUTE_KEY", "SHARD_NAME_PREFIXES", "KeyRoute", "file_route",
+    "key_fingerprint", "key_texts", "misrouted_message", "route_values", "shard_of_key_texts", "shard_of_keys", "text_misrouted",
 ]
 
 ROUTE_COLUMN = "__lakesink_key_shard"
@@ -48,6 +48,9 @@ ROUTE_BY_TEXT = "lakesink_route_by_text"  # ... or that it hashed each table's k
 MAX_SHARDS = 1 << 15
 _SALTS = 1 << 14
 _TEXT_BIT = 1 << 62
+# How KeyRoute.name() begins: a typed route's shard, a text route's (index directories and
+# published copies' folders are told from a whole index's by these).
+SHARD_NAME_PREFIXES = ("key-shard-", "key-text-shard-")
 
 
 @dataclass(frozen=True)
@@ -64,8 +67,7 @@ class KeyRoute:
 
     def name(self) -> str:
         """How a host's index directory and the published copies name this shard."""
-        kind = "text-shard" if self.by_text else "shard"
-        return f"key-{kind}-{self.shard:05d}-of-{self.shards:05d}"
+        return f"{SHARD_NAME_PREFIXES[self.by_text]}{self.shard:05d}-of-{self.shards:05d}"
 
     def file_tag(self) -> str:
         """What a data file holding only this shard's keys carries in its name: a routed
@@ -129,6 +131,17 @@ def text_misrouted(routes: pa.Array | pa.ChunkedArray, key_columns: Sequence[pa.
     shards = np.where(routed, (values >> 16) & 0xFFFF, 1)
     hashed = np.mod(xxhash64(key_texts(key_columns)), shards)
     return ~routed | (hashed != (values & 0xFFFF))
+
+
+def misrouted_message(table: str, count: int, example: dict[str, object], types: str) -> str:
+    """Why rows of `table` routed by their key's text are refused (the routed task's check
+    and the keyed writer's say the same)."""
+    return (
+        f"table {table}: cluster_by_key routed {count} row(s) by a key text that differs from the table's own text of "
+        f"the key (first: {example}; key {types}). A write routed to many tables hashes each key field's JSON text: "
+        "give keys of integer, string, boolean or date types, spelled as plain JSON values, or write this table "
+        "without cluster_by_key. Nothing was written"
+    )
 
 
 def key_fingerprint(names: Sequence[str]) -> int:

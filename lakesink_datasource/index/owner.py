@@ -14,6 +14,7 @@ import os
 import socket
 
 from lakesink_datasource.iceberg.summary_keys import task_attempt
+from lakesink_datasource.index.key_route import SHARD_NAME_PREFIXES
 
 
 def index_owner(path: str) -> str:
@@ -24,10 +25,10 @@ def index_owner(path: str) -> str:
     host = f"{socket.gethostname().replace(',', '_').replace('/', '_')}:{digest}"
     # An index of one key shard says which, in progress lines and summaries.
     name = os.path.basename(path.rstrip(os.sep))
-    for kind in (".key-shard-", ".key-text-shard-"):
-        shard = name.partition(kind)[2]
+    for prefix in SHARD_NAME_PREFIXES:
+        shard = name.partition(f".{prefix}")[2]
         if shard:
-            return f"{host}#{kind[5:]}{shard}"
+            return f"{host}#{prefix.removeprefix('key-')}{shard}"
     return host
 
 

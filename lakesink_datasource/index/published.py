@@ -42,7 +42,7 @@ from lakesink_datasource.iceberg.history import ancestors
 from lakesink_datasource.iceberg.listing import list_files
 from lakesink_datasource.index.environment import IndexState
 from lakesink_datasource.index.key_columns import KeyColumns
-from lakesink_datasource.index.key_route import KeyRoute
+from lakesink_datasource.index.key_route import SHARD_NAME_PREFIXES, KeyRoute
 from lakesink_datasource.index.owner import owner_digest
 from lakesink_datasource.index.sharded_index import IndexSnapshot, ShardedIndex
 
@@ -61,8 +61,6 @@ CHANGED_FRACTION = 0.1
 MIN_CHANGED_ROWS = 100_000
 MIN_KEYS = 100_000  # below this a rebuild is cheap: nothing is published
 _CHUNK = 8 << 20
-# KeyRoute.name(): the folders of key shards' copies (a typed route's, a text route's).
-SHARD_PREFIXES = ("key-shard-", "key-text-shard-")
 
 
 class CopyManifest(msgspec.Struct, frozen=True):
@@ -93,7 +91,7 @@ def copies_root(metadata: TableMetadata, route: KeyRoute | None = None) -> str:
 
 
 def _is_shard_folder(name: str) -> bool:
-    return name.startswith(SHARD_PREFIXES)
+    return name.startswith(SHARD_NAME_PREFIXES)  # KeyRoute.name(): the folders of key shards' copies
 
 
 def _copy_name(state: IndexState, publisher: str) -> str:

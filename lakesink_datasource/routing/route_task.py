@@ -22,7 +22,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from lakesink_datasource.index import environment
-from lakesink_datasource.index.key_route import NO_ROUTE, ROUTE_COLUMN, text_misrouted
+from lakesink_datasource.index.key_route import NO_ROUTE, ROUTE_COLUMN, misrouted_message, text_misrouted
 from lakesink_datasource.messages import LakeSinkCommitMessage, RoutedTablesMessage
 from lakesink_datasource.options import KEYED_OPERATIONS, WriteOptions
 from lakesink_datasource.routing.route_plan import RoutedWrite
@@ -57,12 +57,12 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
             options = msgspec.structs.replace(options, primary_key=key_fields(received, write.options) or None)
         # One lookup serves both: the payload is parsed by the table's columns, then checked.
         table = find_table(options)
-        schema = table_arrow_schema(table.schema()) if table is not None and write.options.payload_column else None
-        rows = table_rows(received, write.options, schema)
+        stored = table_arrow_schema(table.schema()) if table is not None else None
+        rows = table_rows(received, write.options, stored if write.options.payload_column else None)
         checked = check_table_route(options, _table_columns(rows), table, create=write.options.create_tables, clustered=clustered)
         key = checked.keyed.table_key_columns if checked.keyed is not None else options.primary_key  # a new table's: its option's
         if clustered and key and options.operation in KEYED_OPERATIONS:
-            _check_clustered_keys(identifier, rows, key, table_arrow_schema(table.schema()) if table is not None else None)
+            _check_clustered_keys(identifier, rows, key, stored)
         incoming[identifier] = options, rows, checked
     written: list[tuple[str, bytes, bytes]] = []
     done: list[tuple[WritePlan, LakeSinkCommitMessage]] = []
@@ -126,12 +126,7 @@ def _check_clustered_keys(identifier: str, rows: pa.Table, key: tuple[str, ...],
         row = int(np.flatnonzero(wrong)[0])
         example = {k: rows.column(names[k.lower()])[row].as_py() for k in ordered}
         types = ", ".join(f"{k} {rows.schema.field(names[k.lower()]).type}" for k in ordered)
-        raise RoutedInputError(
-            f"table {identifier}: cluster_by_key routed {int(wrong.sum())} row(s) by a key text that differs from the "
-            f"table's own text of the key (first: {example}; key {types}). A write routed to many tables hashes each key "
-            "field's JSON text: give keys of integer, string, boolean or date types, spelled as plain JSON values, or "
-            "write this table without cluster_by_key. Nothing was written"
-        )
+        raise RoutedInputError(misrouted_message(identifier, int(wrong.sum()), example, types))
 
 
 def _table_columns(rows: pa.Table) -> StructType:

@@ -37,7 +37,7 @@ from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.for_write import TaskIndex, index_location, open_for_task
 from lakesink_datasource.index.key_columns import SEQUENCE, TOMBSTONE, KeyColumns
 from lakesink_datasource.index.key_encoding import key_hashes
-from lakesink_datasource.index.key_route import NO_ROUTE, ROUTE_COLUMN, KeyRoute, decode_route, key_fingerprint
+from lakesink_datasource.index.key_route import NO_ROUTE, ROUTE_COLUMN, KeyRoute, decode_route, key_fingerprint, misrouted_message
 from lakesink_datasource.index.location_codec import Found, pack_locations, pack_positions
 from lakesink_datasource.index.reindex import TombstonesUnreadable
 from lakesink_datasource.io.partitioning import PartitionSplitter
@@ -81,14 +81,14 @@ def open_task_index(
 def chunk_route(batch: pa.RecordBatch, key_columns: tuple[str, ...], held: KeyRoute | None) -> KeyRoute:
     """The one key shard a routed chunk's rows belong to; refused when the rows span several
     (fewer Spark partitions than key shards) or were routed by other columns than the key."""
-    values = [None if v == NO_ROUTE else v for v in pc.unique(batch.column(ROUTE_COLUMN)).to_pylist()]
-    routes = sorted({decode_route(v)[0] for v in values if v is not None}, key=lambda r: r.shard)
-    if None in values and ((held is not None and held.by_text) or any(r.by_text for r in routes) or not routes):
+    values = pc.unique(batch.column(ROUTE_COLUMN)).to_pylist()
+    if NO_ROUTE in values:  # only a text route has rows without a key (cluster_by_key's coalesce)
         raise KeyedInputError(
             f"rows routed by cluster_by_key to many tables carry no key (table key columns {', '.join(key_columns)}): "
             "give every row its key in option 'key_column', or the table's key in 'primary_key' "
             "(or 'tables.<namespace>.<table>.primary_key'). Nothing was written"
         )
+    routes = sorted({decode_route(v)[0] for v in values if v is not None}, key=lambda r: r.shard)
     if held is not None and held not in routes:
         routes.insert(0, held)
     if len(routes) != 1 or None in values:
@@ -221,12 +221,7 @@ class KeyedWriter:
         row = int(np.flatnonzero(~keep)[0])
         example = {n: resolution.column(n)[row].as_py() for n in names}
         types = ", ".join(f"{n} {resolution.schema.field(n).type}" for n in names)
-        raise KeyedInputError(
-            f"table {self._plan.options.table}: cluster_by_key routed {int((~keep).sum())} row(s) by a key text that differs "
-            f"from the table's own text of the key (first: {example}; key {types}). A write routed to many tables hashes "
-            "each key field's JSON text: give keys of integer, string, boolean or date types, spelled as plain JSON "
-            "values, or write this table without cluster_by_key. Nothing was written"
-        )
+        raise KeyedInputError(misrouted_message(self._plan.options.table, int((~keep).sum()), example, types))
 
     def _decide(self, changes: Changes, found: Found) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Decide every change against the index at once: returns the write mask, the

@@ -29,6 +29,7 @@ from lakesink_datasource.index.key_columns import KeyColumns
 from lakesink_datasource.index.key_route import (
     NO_ROUTE,
     ROUTE_COLUMN,
+    SHARD_NAME_PREFIXES,
     KeyRoute,
     decode_route,
     file_route,
@@ -88,7 +89,7 @@ def test_a_text_shards_index_and_published_copies_are_named_as_a_shards() -> Non
     from lakesink_datasource.index.owner import index_owner
 
     for route in (KeyRoute(3, 8), KeyRoute(3, 8, by_text=True)):
-        assert route.name().startswith(published.SHARD_PREFIXES)
+        assert route.name().startswith(SHARD_NAME_PREFIXES)
         owner = index_owner(f"/idx/0a1b.query-abc.{route.name()}")
         assert owner.endswith(f"#{route.name().removeprefix('key-')}")
     assert "#" not in index_owner("/idx/0a1b.query-abc")
