@@ -85,13 +85,13 @@ def refuse_if_in_use(io: FileIO, location: str, identifier: str, catalog: str, o
 def created_meanwhile(load: Callable[[], Table | None], *, attempts: int = 20) -> Table | None:
     """The table another writer is creating right now (its metadata file is written, its
     catalog entry follows), once the catalog shows it; None when none appears within about
-    5 s (a table the catalog lost: the caller refuses the location). Several tasks of one
+    8 s (a table the catalog lost: the caller refuses the location). Several tasks of one
     routed write meet a new table at once and each creates it."""
     for attempt in range(attempts):
         table = load()
         if table is not None:
             return table  # the catalog has it now: it is the table of that name, whoever created it
-        time.sleep(min(0.05 * (attempt + 1), 0.5))  # the other creator's catalog call is in flight (about 5 s in all)
+        time.sleep(min(0.05 * (attempt + 1), 0.5))  # the other creator's catalog call is in flight (7.75 s in all)
     return None
 
 
