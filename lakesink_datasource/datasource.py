@@ -197,7 +197,7 @@ def _commit(
     settle_imports()
     commit_started, cpu = time.time(), time.process_time()
     results = decode_messages(messages)
-    sequenced = plan.keyed is not None and plan.keyed.sequence_source is not None
+    sequenced = plan.keyed is not None and bool(plan.keyed.sequence_sources)
     compaction = None
     # The table's turn on this host: a compaction still running beside this batch
     # (maintenance=background) lands first, so snapshots keep the order they have with auto.

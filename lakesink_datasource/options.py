@@ -68,7 +68,9 @@ class WriteOptions(TableTarget, frozen=True, kw_only=True):
     primary_key: tuple[str, ...] | None = None
     op_column: str | None = None
     delete_ops: tuple[str, ...] = ("d",)
-    sequence_column: str | None = None
+    # A key's changes are ordered by these columns, compared one after another (a source
+    # position of several parts, such as MySQL's binlog file and position).
+    sequence_column: tuple[str, ...] | None = None
     index_dir: str | None = None
     # A streaming query's checkpoint (Spark passes it to the sink): its committed batches
     # tell that the query wrote before.
@@ -298,7 +300,13 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
         if not ops:
             raise OptionError("option 'delete_ops' must list at least one delete marker")
         kwargs["delete_ops"] = ops
-    for name in ("op_column", "sequence_column", "index_dir"):
+    for name in ("op_column", "index_dir"):
         if values.get(name):
             kwargs[name] = values[name].strip()
+    if values.get("sequence_column", "").strip():
+        sequence = _csv(values["sequence_column"])
+        repeated = sorted({c for c in sequence if [s.lower() for s in sequence].count(c.lower()) > 1})
+        if repeated:
+            raise OptionError(f"option 'sequence_column' names {', '.join(repeated)} more than once")
+        kwargs["sequence_column"] = sequence
     return msgspec.convert(kwargs, WriteOptions)

@@ -176,8 +176,8 @@ def _key_rules(plan: WritePlan, results: list[TaskResult]) -> KeyRules | None:
     return KeyRules(
         operation=plan.options.operation,
         key_columns=keyed.table_key_columns,
-        sequence=keyed.table_sequence_column,
-        sequenced=keyed.sequence_source is not None,
+        sequence=keyed.table_sequence_columns,
+        sequenced=bool(keyed.sequence_sources),
         tombstones=tuple(sorted(r.tombstones for r in results if r.tombstones)),
         deleted_keys=tuple(sorted(r.deleted_keys for r in results if r.deleted_keys)),
     )

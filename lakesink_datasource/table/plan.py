@@ -22,9 +22,9 @@ class KeyedPlan(msgspec.Struct, frozen=True, kw_only=True):
 
     key_sources: tuple[str, ...]
     op_source: str | None
-    sequence_source: str | None
+    sequence_sources: tuple[str, ...]  # compared in order; (): no sequence
     table_key_columns: tuple[str, ...]
-    table_sequence_column: str | None  # None when the sequence is not stored in the table
+    table_sequence_columns: tuple[str, ...]  # (): the sequence is not stored in the table (all of its columns)
     # The rows carry cluster_by_key's route column: each task holds one key shard and opens
     # its host's index of that shard only (index/key_route.py).
     routed: bool = False

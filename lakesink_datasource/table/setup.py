@@ -317,10 +317,10 @@ def _check_keyed_options(options: WriteOptions, spark_schema: StructType, overwr
         raise OptionError("option 'sequence_column' does not apply to operation 'dedupe': dedupe never replaces a row")
     if options.operation != "cdc" and options.op_column is not None:
         raise OptionError(f"option 'op_column' only applies to operation 'cdc', not {options.operation!r}")
-    for name in ("op_column", "sequence_column"):
-        column = getattr(options, name)
-        if column is not None and _find(spark_schema, column) is None:
-            raise SchemaError(f"option '{name}': column '{column}' is not in the DataFrame")
+    for name, columns in (("op_column", (options.op_column,) if options.op_column else ()), ("sequence_column", options.sequence_column or ())):
+        for column in columns:
+            if _find(spark_schema, column) is None:
+                raise SchemaError(f"option '{name}': column '{column}' is not in the DataFrame")
     for column in options.primary_key or ():
         if _find(spark_schema, column) is None:
             raise SchemaError(f"primary key column '{column}' is missing from the DataFrame")
@@ -365,14 +365,16 @@ def _plan_keys(options: WriteOptions, spark_schema: StructType, table: Table, ro
         if source is None:
             raise SchemaError(f"primary key column '{column}' is missing from the DataFrame")
         sources.append(source)
-    sequence = options.sequence_column
-    table_sequence = next((f.name for f in schema.fields if sequence and f.name.lower() == sequence.lower()), None)
+    sequence = options.sequence_column or ()
+    by_name = {f.name.lower(): f.name for f in schema.fields}
+    stored = tuple(by_name[c.lower()] for c in sequence if c.lower() in by_name)
     return KeyedPlan(
         key_sources=tuple(sources),
         op_source=_find(spark_schema, options.op_column) if options.op_column else None,
-        sequence_source=_find(spark_schema, sequence) if sequence else None,
+        sequence_sources=tuple(_find(spark_schema, c) or c for c in sequence),
         table_key_columns=tuple(table_key),
-        table_sequence_column=table_sequence,
+        # Stored only when every sequence column is: a rebuilt index compares whole sequences.
+        table_sequence_columns=stored if len(stored) == len(sequence) else (),
         routed=routed,
     )
 

@@ -35,7 +35,7 @@ from lakesink_datasource.arrays import take_items, unique_sorted
 from lakesink_datasource.catalog import loader
 from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.for_write import TaskIndex, index_location, open_for_task
-from lakesink_datasource.index.key_columns import SEQUENCE, TOMBSTONE, KeyColumns
+from lakesink_datasource.index.key_columns import TOMBSTONE, KeyColumns, sequence_names
 from lakesink_datasource.index.key_encoding import key_hashes
 from lakesink_datasource.index.key_route import NO_ROUTE, ROUTE_COLUMN, KeyRoute, decode_route, key_fingerprint, misrouted_message
 from lakesink_datasource.index.location_codec import Found, pack_locations, pack_positions
@@ -73,7 +73,7 @@ def open_task_index(
     assert plan.keyed is not None
     return open_for_task(
         index_location(plan.options.index_dir, metadata, route, writer=query_id), io, metadata,
-        KeyColumns(plan.keyed.table_key_columns, plan.keyed.table_sequence_column, route),
+        KeyColumns(plan.keyed.table_key_columns, plan.keyed.table_sequence_columns, route),
         write_id=plan.write_id, partition_id=partition_id, attempt=attempt, stored=tombstone_reader(plan),
     )
 
@@ -148,10 +148,9 @@ class KeyedWriter:
         keyed = self._keyed
         columns = {name: aligned.column(name) for name in keyed.table_key_columns}
         # The op and sequence columns keep the user's names: errors name them.
-        if keyed.sequence_source is not None:
-            columns[keyed.sequence_source] = (
-                aligned.column(keyed.table_sequence_column) if keyed.table_sequence_column else batch.column(keyed.sequence_source)
-            )
+        stored = dict(zip(keyed.sequence_sources, keyed.table_sequence_columns))
+        for source in keyed.sequence_sources:
+            columns[source] = aligned.column(stored[source]) if source in stored else batch.column(source)
         if keyed.op_source is not None:
             columns[keyed.op_source] = batch.column(keyed.op_source)
         return pa.table(columns)
@@ -167,7 +166,7 @@ class KeyedWriter:
             self._check_text_route(self._route, resolution)
         changes = resolve_changes(
             resolution, keyed.table_key_columns,
-            op_column=keyed.op_source, delete_ops=self._plan.options.delete_ops, sequence_column=keyed.sequence_source,
+            op_column=keyed.op_source, delete_ops=self._plan.options.delete_ops, sequence_columns=keyed.sequence_sources,
             keep="first" if self._plan.options.operation == "dedupe" else "last",
         )
         if not changes.keys:
@@ -190,7 +189,9 @@ class KeyedWriter:
                 assert part.sequences is not None  # tombstones only exist with a sequence column
                 picked = resolution.take(pa.array(part.rows[tombstones]))
                 names = list(keyed.table_key_columns)
-                self._tombstones.append(picked.select([*names, keyed.sequence_source]).rename_columns([*names, SEQUENCE]))
+                self._tombstones.append(
+                    picked.select([*names, *keyed.sequence_sources]).rename_columns([*names, *sequence_names(len(keyed.sequence_sources))])
+                )
                 changed.append(tombstones)
                 sequences = take_items(part.sequences, tombstones)
                 values += pack_positions(TOMBSTONE, np.zeros(len(tombstones), dtype=np.uint64), sequences)
