@@ -71,6 +71,9 @@ class WriteOptions(TableTarget, frozen=True, kw_only=True):
     # A key's changes are ordered by these columns, compared one after another (a source
     # position of several parts, such as MySQL's binlog file and position).
     sequence_column: tuple[str, ...] | None = None
+    # A value meaning "unchanged, not sent" (Debezium's unavailable.value.placeholder for
+    # unchanged TOASTed columns): a keyed write keeps the value the table holds for the key.
+    unavailable_value: str | None = None
     index_dir: str | None = None
     # A streaming query's checkpoint (Spark passes it to the sink): its committed batches
     # tell that the query wrote before.
@@ -90,6 +93,7 @@ _SIMPLE = {
     "op_column",
     "delete_ops",
     "sequence_column",
+    "unavailable_value",
     "index_dir",
     "maintenance",
     "progress",
@@ -139,6 +143,17 @@ def did_you_mean(name: str, valid: set[str], aliases: Mapping[str, str]) -> str:
         return f"; did you mean '{aliases.get(found, found)}'?"
     close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
     return f"; did you mean '{aliases.get(close[0], close[0])}'?" if close else ""
+
+
+def placeholder_bytes(text: str) -> bytes:
+    """Option `unavailable_value` as bytes (what a binary column holds): Debezium's `hex:`
+    prefix gives the octets in hex, anything else is the text's UTF-8."""
+    if text.startswith("hex:"):
+        try:
+            return bytes.fromhex(text[4:])
+        except ValueError:
+            raise OptionError(f"option 'unavailable_value' {text!r}: after 'hex:' give hexadecimal octets") from None
+    return text.encode()
 
 
 def _csv(value: str) -> tuple[str, ...]:
@@ -303,6 +318,9 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
     for name in ("op_column", "index_dir"):
         if values.get(name):
             kwargs[name] = values[name].strip()
+    if values.get("unavailable_value"):
+        placeholder_bytes(values["unavailable_value"])  # checked here, used by the keyed writer
+        kwargs["unavailable_value"] = values["unavailable_value"]
     if values.get("sequence_column", "").strip():
         sequence = _csv(values["sequence_column"])
         repeated = sorted({c for c in sequence if [s.lower() for s in sequence].count(c.lower()) > 1})

@@ -282,7 +282,7 @@ class SnapshotProducer:
         if parent is None:
             return []
         replaced = state.replaced
-        scoped_deletes = replaced is not None and replaced.scope.kind != "filter"
+        scoped_deletes = replaced is not None and replaced.scope.kind not in ("filter", "before")
         kept: list[ManifestFile] = []
         for manifest in read_manifest_list(self._io, parent.manifest_list):
             if not manifest.added_files_count and not manifest.existing_files_count:

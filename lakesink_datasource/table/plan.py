@@ -53,6 +53,9 @@ class WritePlan(msgspec.Struct, frozen=True, kw_only=True):
     plan_seconds: float = 0.0
     # maintenance=auto: the compaction the write's tasks carry out beside their rows.
     compaction: CarriedCompaction | None = None
+    # A routed task met its source table's truncate (cdc_format=debezium): its position,
+    # encoded as the write's sequences are. The commit hides the rows ordered before it.
+    truncated_at: bytes | None = None
 
 
 def write_schema(plan: WritePlan, metadata: TableMetadata) -> Schema:

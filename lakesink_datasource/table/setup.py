@@ -302,10 +302,12 @@ def _check_keyed_options(options: WriteOptions, spark_schema: StructType, overwr
     """Keyed option checks that need no table (so they run before one is created)."""
     keyed = options.operation in KEYED_OPERATIONS
     if not keyed:
-        for name in ("primary_key", "op_column", "sequence_column"):
+        for name in ("primary_key", "op_column", "sequence_column", "unavailable_value"):
             if getattr(options, name) is not None:
                 raise OptionError(f"option '{name}' only applies to keyed operations (upsert, cdc, dedupe)")
         return
+    if options.operation == "dedupe" and options.unavailable_value is not None:
+        raise OptionError("option 'unavailable_value' does not apply to operation 'dedupe': dedupe never replaces a row")
     if overwrite:
         raise OptionError(
             f"option 'operation' = {options.operation!r} needs append: overwrite (and complete output mode) "

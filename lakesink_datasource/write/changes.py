@@ -48,7 +48,7 @@ class Changes:
         )
 
 
-def _op_kinds(ops: pa.Array, op_column: str, delete_ops: Sequence[str]) -> np.ndarray:
+def op_kinds(ops: pa.Array, op_column: str, delete_ops: Sequence[str]) -> np.ndarray:
     """True where the row deletes its key; raises on null or unknown op values."""
     if ops.null_count:
         raise KeyedInputError(f"op column '{op_column}' has {ops.null_count} null value(s)")
@@ -82,7 +82,7 @@ def resolve_changes(
         keys = encode_keys([batch.column(c) for c in key_columns], names=list(key_columns)) if n else []
     except NullKeyError as exc:
         raise KeyedInputError(f"primary key column '{exc.column_name}' has {exc.null_count} null value(s)") from None
-    is_delete = _op_kinds(batch.column(op_column), op_column, delete_ops) if op_column else np.zeros(n, dtype=bool)
+    is_delete = op_kinds(batch.column(op_column), op_column, delete_ops) if op_column else np.zeros(n, dtype=bool)
     sequences: list[bytes] | None = None
     if sequence_columns and n:
         try:

@@ -33,6 +33,7 @@ from pyroaring import BitMap64
 
 from lakesink_datasource.arrays import take_items, unique_sorted
 from lakesink_datasource.catalog import loader
+from lakesink_datasource.iceberg.properties import TRUNCATED_BEFORE
 from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.for_write import TaskIndex, index_location, open_for_task
 from lakesink_datasource.index.key_columns import TOMBSTONE, KeyColumns, sequence_names
@@ -132,6 +133,10 @@ class KeyedWriter:
         self.host = task_index.host
         state = self._index.get_state()
         self._floor = state.tombstone_floor if state is not None else None
+        # A source table's truncate (cdc_format=debezium): changes ordered before the newest
+        # one are ignored, whenever they arrive (a lagging Kafka partition's, a replay's).
+        truncates = [bytes.fromhex(metadata.properties[TRUNCATED_BEFORE])] if TRUNCATED_BEFORE in metadata.properties else []
+        self._truncated_before = max([*truncates, *([plan.truncated_at] if plan.truncated_at is not None else [])], default=None)
         self.tombstone_max: bytes | None = None  # the highest sequence this task's deletes carry (encoded)
         self._ordinals: dict[str, int] = {}  # encoded FileRef -> ordinal (this task's new files)
         self._hidden: dict[int, list[np.ndarray]] = defaultdict(list)  # ordinal -> positions
@@ -236,6 +241,8 @@ class KeyedWriter:
             indexed = np.array(found.sequence, dtype=object)
             has = np.fromiter(map(operator.is_not, found.sequence, repeat(None)), dtype=bool, count=n)
             older = has & (np.where(has, indexed, b"") > np.array(changes.sequences, dtype=object)).astype(bool)
+        if self._truncated_before is not None and changes.sequences is not None:
+            older |= np.array(changes.sequences, dtype=object) < self._truncated_before
         if self._floor is not None and changes.sequences is not None:
             self._refuse_undecidable(changes, found)
         live = found.present & (found.ordinal != TOMBSTONE) & ~older

@@ -186,6 +186,7 @@ def write_task(
                 session_overwrite_mode=who.overwrite_mode,
                 planned_at=plan.planned_at,
                 plan_seconds=plan.plan_seconds,
+                truncated_at=plan.truncated_at,
                 **kwargs,
             )
         )
@@ -245,6 +246,8 @@ def write_task(
         if plan.keyed is not None and not plan.keyed.routed:
             task_index = open_task_index(plan, metadata, io, partition_id=who.partition_id, attempt=who.attempt, query_id=who.query_id)
             keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner)
+            if plan.options.unavailable_value is not None:
+                batches = _with_unchanged_values(batches, plan, aligner, task_index, io)
         # Concatenating Spark's batches only pays where they are split (by partition or by key);
         # an unpartitioned append buffers them as they come (the writer keeps each once).
         chunk_rows = CHUNK_ROWS if plan.keyed is not None or not splitter.is_unpartitioned else 1
@@ -324,6 +327,20 @@ def write_task(
         key_hashes=keyed.key_hashes(), tombstones=tombstones, deleted_keys=deleted, tombstone_max_sequence=keyed.tombstone_max,
         index_healed=task_index.healed, index_sync=task_index.report.describe(), compaction=compaction,
     )
+
+
+def _with_unchanged_values(
+    batches: Iterator[pa.RecordBatch], plan: WritePlan, aligner: BatchAligner, task_index: TaskIndex, io: FileIO
+) -> Iterator[pa.RecordBatch]:
+    """The task's whole input, its placeholders (option unavailable_value) replaced by the
+    values the keys hold (write/unchanged_values.py): read before any row is written."""
+    from lakesink_datasource.write.unchanged_values import fill_unchanged
+
+    gathered = [b for b in batches if b.num_rows]
+    if not gathered:
+        return iter(())
+    filled = fill_unchanged(pa.Table.from_batches(gathered), plan, aligner, task_index.index, io)
+    return iter(filled.rows.to_batches())
 
 
 def _carried_compaction(plan: WritePlan, io: FileIO, metadata: TableMetadata, who: TaskIdentity) -> CompactionMessage | None:

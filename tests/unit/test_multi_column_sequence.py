@@ -122,5 +122,5 @@ def test_a_change_after_a_binlog_rotation_wins_over_a_higher_position_in_an_earl
 
 
 def test_a_sequence_column_named_twice_is_refused() -> None:
-    with pytest.raises(OptionError, match="'sequence_column' names .* more than once"):
+    with pytest.raises(OptionError, match=r"'sequence_column' names .* more than once"):
         parse_options({"table": "db.t", "operation": "cdc", "sequence_column": "pos, POS", "primary_key": "id", "op_column": "op"})
