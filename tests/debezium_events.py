@@ -230,7 +230,8 @@ class Connector:
         if op == "d" and key is not None and tombstone:
             records.append(self._record(topic, partition, key, None))
         offset = records[0]["offset"]
-        return records, Event(t, op, row if op != "d" else key_fields, (*position, offset))
+        # A delete of a table without a key is logged with the row it deleted (its `before`).
+        return records, Event(t, op, row if op != "d" else (key_fields if t.key else deleted), (*position, offset))
 
     def truncate(self, t: SourceTable) -> tuple[list[dict[str, Any]], Event]:
         source, position = self._source(t, 0, False)
@@ -275,7 +276,9 @@ def to_arrow(records: Iterable[dict[str, Any]], schema: pa.Schema = KAFKA_ARROW)
 class Replica:
     """The plain model: each keyed table's live rows by key, each keyless table's log."""
 
-    def __init__(self) -> None:
+    def __init__(self, schemas: bool = True) -> None:
+        # Without JsonConverter's schemas a replica holds values as the JSON gives them.
+        self.value = plain_value if schemas else (lambda c, v: encode_value(c, v) if v != PLACEHOLDER else v)
         self.live: dict[str, dict[tuple[Any, ...], tuple[tuple[Any, ...], dict[str, Any] | None]]] = {}
         self.truncated: dict[str, tuple[Any, ...]] = {}
         self.logs: dict[str, list[dict[str, Any]]] = {}
@@ -285,8 +288,10 @@ class Replica:
         for e in events:
             name = identifier(e.table)
             if not e.table.key:
+                if e.op == "t" and name not in self.logs:
+                    continue  # a truncate of a table never written: nothing to keep it in
                 log = self.logs.setdefault(name, [])
-                row = {c.name: plain_value(c, (e.row or {}).get(c.name)) for c in e.table.columns}
+                row = {c.name: self.value(c, (e.row or {}).get(c.name)) for c in e.table.columns}
                 log.append({**row, "__op": e.op})
                 continue
             table = self.live.setdefault(name, {})
@@ -308,7 +313,7 @@ class Replica:
             if e.op == "d":
                 table[key] = (e.position, None)
                 continue
-            row = {c.name: plain_value(c, e.row.get(c.name)) for c in e.table.columns}
+            row = {c.name: self.value(c, e.row.get(c.name)) for c in e.table.columns}
             for c in e.table.columns:
                 if e.row.get(c.name) == PLACEHOLDER:
                     kept = held[1] if held is not None and held[1] is not None else None
@@ -319,3 +324,72 @@ class Replica:
         if name in self.logs:
             return Counter(tuple(r.get(c) for c in columns) for r in self.logs[name])
         return Counter(tuple(row[c] for c in columns) for _, row in self.live.get(name, {}).values() if row is not None)
+
+
+class SourceDatabase:
+    """A source database behind one connector: its rows, and the events each change emits
+    (a TOASTed column left unchanged by an update is sent as the placeholder)."""
+
+    def __init__(self, connector: Connector, tables: Iterable[SourceTable], toasted: Iterable[str] = ()) -> None:
+        self.connector = connector
+        self.tables = {t.table: t for t in tables}
+        self.rows: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {t: {} for t in self.tables}
+        self.toasted = set(toasted)  # columns sent as the placeholder when an update leaves them alone
+        self.records: list[dict[str, Any]] = []  # every Kafka record, in the order written
+        self.events: list[Event] = []  # the model's events, one per change record
+        self._sent: list[tuple[dict[str, Any], Event]] = []
+        self._serial = 0
+
+    def _emit(self, made: tuple[list[dict[str, Any]], Event]) -> None:
+        records, event = made
+        self.records += records
+        self.events.append(event)
+        self._sent.append((records[0], event))
+        self.connector.advance()
+
+    def snapshot(self, table: str, row: dict[str, Any]) -> None:
+        t = self.tables[table]
+        self.rows[table][tuple(row[k] for k in t.key)] = dict(row)
+        self._emit(self.connector.change(t, "r", row, snapshot=True))
+
+    def insert(self, table: str, row: dict[str, Any]) -> None:
+        t = self.tables[table]
+        if t.key:
+            key = tuple(row[k] for k in t.key)
+            if key in self.rows[table]:
+                return
+            self.rows[table][key] = dict(row)
+        self._emit(self.connector.change(t, "c", row))
+
+    def update(self, table: str, key: tuple[Any, ...], changes: dict[str, Any]) -> None:
+        t = self.tables[table]
+        current = self.rows[table].get(key)
+        if current is None:
+            return
+        current.update(changes)
+        sent = {c: (PLACEHOLDER if c in self.toasted and c not in changes else v) for c, v in current.items()}
+        self._emit(self.connector.change(t, "u", sent))
+
+    def delete(self, table: str, key: tuple[Any, ...]) -> None:
+        t = self.tables[table]
+        current = self.rows[table].pop(key, None)
+        if current is None:
+            return
+        self._emit(self.connector.change(t, "d", current))
+
+    def truncate(self, table: str) -> None:
+        self.rows[table].clear()
+        self._emit(self.connector.truncate(self.tables[table]))
+
+    def resend(self, last: int) -> None:
+        """A connector restart: its last `last` change events come again, with their source
+        positions and new Kafka offsets."""
+        for record, event in self._sent[-last:] if last else []:
+            copy = self.connector._record(record["topic"], record["partition"], record["key"], record["value"])
+            self.records.append(copy)
+            self.events.append(Event(event.table, event.op, event.row, (*event.position[:-1], copy["offset"])))
+
+    def live(self, table: str, columns: list[str]) -> Counter:
+        """The source's rows now (what a complete replica of a keyed table holds)."""
+        t = self.tables[table]
+        return Counter(tuple(plain_value(t.column(c), row.get(c)) for c in columns) for row in self.rows[table].values())

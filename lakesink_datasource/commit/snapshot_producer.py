@@ -249,6 +249,8 @@ class SnapshotProducer:
         for path, hidden in (state.replaced.hidden if state.replaced is not None else {}).items():
             mine = pending.get(path)
             pending[path] = hidden if mine is None else PendingDeletes(mine.spec_id, mine.partition, mine.positions | hidden.positions)
+        for path in state.replaced.data_files if state.replaced is not None else ():
+            pending.pop(path, None)  # the file goes whole: no DV of it is left behind
         if not pending:
             return []
         live = live_position_deletes(self._io, self._parent(base))

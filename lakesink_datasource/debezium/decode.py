@@ -53,6 +53,7 @@ from lakesink_datasource.debezium.positions import POSITION_COLUMN, positions
 from lakesink_datasource.index.key_encoding import encode_keys
 
 OP_COLUMN = "__op"
+UNWRITTEN_TRUNCATES = "truncates of tables not written yet"
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,8 @@ def decode(records: pa.Table, options: DebeziumOptions, table_schema: TableSchem
         )
         if decoded is not None:
             out.tables.append(decoded)
+        else:
+            skipped[UNWRITTEN_TRUNCATES] = skipped.get(UNWRITTEN_TRUNCATES, 0) + len(tables[identifier].ops)
     return out
 
 
