@@ -33,6 +33,7 @@ from lakesink_datasource.options import KEYED_OPERATIONS, WriteOptions
 from lakesink_datasource.routing.route_plan import RoutedWrite
 from lakesink_datasource.routing.route_rows import RoutedInputError, key_fields, split_by_table, table_rows
 from lakesink_datasource.schema.arrow_align import table_arrow_schema
+from lakesink_datasource.schema.spark_types import SchemaError
 from lakesink_datasource.table import metadata_cache
 from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.table.setup import RouteCheck, check_table_route, find_table, plan_table_route
@@ -150,7 +151,14 @@ def _debezium_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> t
         derived = _derived_options(part, keyed, own)
         options = write.options.table_options(part.identifier, derived)
         rows = part.rows
-        checked = check_table_route(options, _table_columns(rows), table, create=write.options.create_tables)
+        try:
+            checked = check_table_route(options, _table_columns(rows), table, create=write.options.create_tables)
+        except SchemaError as exc:
+            hint = (
+                ". Iceberg cannot change a decimal's scale: the source column's scale changed, so give its events a table of "
+                "their own (option table_name) or change the table first" if "decimal" in str(exc) else ""
+            )
+            raise SchemaError(f"table {part.identifier} (cdc_format=debezium): {exc}{hint}. Nothing was written") from None
         if not keyed:
             notes.change_logs.append(part.identifier)
         incoming[part.identifier] = options, rows, checked, part.truncated_at if keyed else None

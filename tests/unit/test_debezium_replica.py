@@ -322,7 +322,7 @@ def test_a_decimal_whose_scale_disagrees_with_the_table_is_refused_and_changes_n
     pg.advance()
     second, _ = pg.change(mills, "u", {"id": 1, "p": "1.255"})
     snapshots = len(load(warehouse, "replica.prices").metadata.snapshots)
-    with pytest.raises(SchemaError, match="'p'.*decimal"):
+    with pytest.raises(SchemaError, match=r"'p'.*decimal"):
         replica.run(second)
     assert len(load(warehouse, "replica.prices").metadata.snapshots) == snapshots
     assert pyiceberg_rows(load(warehouse, "replica.prices"), ["id", "p"]) == Counter({(1, decimal.Decimal("1.25")): 1})
