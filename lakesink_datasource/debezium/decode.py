@@ -51,6 +51,7 @@ from lakesink_datasource.debezium.envelope import (
 from lakesink_datasource.debezium.options import DebeziumOptions
 from lakesink_datasource.debezium.positions import POSITION_COLUMN, positions
 from lakesink_datasource.index.key_encoding import encode_keys
+from lakesink_datasource.index.key_route import ROUTE_COLUMN
 
 OP_COLUMN = "__op"
 UNWRITTEN_TRUNCATES = "truncates of tables not written yet"
@@ -146,9 +147,12 @@ def decode(records: pa.Table, options: DebeziumOptions, table_schema: TableSchem
             table.struct_rows.append(i)
     out.skipped = skipped
     with_offset = options.offset_column is not None
+    # cluster_by_key's route travels with each row of a keyed table (write/task.py reads it).
+    route = records.column(ROUTE_COLUMN).combine_chunks() if ROUTE_COLUMN in records.column_names else None
     for identifier in sorted(tables):
         decoded = _table_rows(
-            tables[identifier], value if structured else None, key_struct, table_schema(identifier), options, with_offset, topics, partitions, offsets
+            tables[identifier], value if structured else None, key_struct, table_schema(identifier), options, with_offset, topics, partitions, offsets,
+            route,
         )
         if decoded is not None:
             out.tables.append(decoded)
@@ -216,6 +220,7 @@ def _struct_events(value: pa.StructArray) -> list[Event]:
 def _table_rows(
     table: _Table, struct_value: pa.StructArray | None, key_struct: pa.StructArray | None, existing: pa.Schema | None,
     options: DebeziumOptions, with_offset: bool, topics: Sequence[Any], partitions: Sequence[Any], offsets: Sequence[Any],
+    route: pa.Array | None = None,
 ) -> DecodedTable | None:
     n = len(table.indices)
     changes = [i for i, op in enumerate(table.ops) if op != TRUNCATE_OP]
@@ -240,6 +245,8 @@ def _table_rows(
         for i, name in enumerate(key_names):
             after = after.add_column(i, key.schema.field(name), key.column(name))
     rows = after.append_column(OP_COLUMN, pa.array(table.ops, pa.string())).append_column(POSITION_COLUMN, position)
+    if route is not None and keyed:
+        rows = rows.append_column(ROUTE_COLUMN, route.take(pa.array(table.indices, pa.int64())))
     truncated_at = None
     truncates = [i for i, op in enumerate(table.ops) if op == TRUNCATE_OP]
     if keyed and truncates:

@@ -48,14 +48,13 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
     # one table's bad payload or option leaves the others as they were.
     if write.options.debezium is not None:
         incoming, notes = _debezium_tables(write, batches)
-        clustered = False
     else:
-        incoming, clustered = _routed_tables(write, batches)
+        incoming = _routed_tables(write, batches)
         notes = TaskNotes()
     written: list[tuple[str, bytes, bytes]] = []
     done: list[tuple[WritePlan, LakeSinkCommitMessage]] = []
     try:
-        for identifier, (options, rows, checked, truncated_at) in incoming.items():
+        for identifier, (options, rows, checked, truncated_at, clustered) in incoming.items():
             plan = plan_table_route(
                 options, _table_columns(rows), write.table_write_id(identifier), create=write.options.create_tables,
                 checked=checked, clustered=clustered,
@@ -76,11 +75,12 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
     return RoutedTablesMessage(written, notes.skipped, notes.change_logs)
 
 
-# A table's options, rows, check, and the truncate its rows end with (cdc_format=debezium).
-Incoming = dict[str, tuple[WriteOptions, pa.Table, RouteCheck, bytes | None]]
+# A table's options, rows, check, the truncate its rows end with (cdc_format=debezium), and
+# whether its rows carry cluster_by_key's route (a keyed table's task then holds one key shard).
+Incoming = dict[str, tuple[WriteOptions, pa.Table, RouteCheck, bytes | None, bool]]
 
 
-def _routed_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> tuple[Incoming, bool]:
+def _routed_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> Incoming:
     """Rows routed by `table_column`, per table, parsed and checked."""
     gathered: dict[str, list[pa.Table]] = {}
     for batch in batches:
@@ -105,8 +105,8 @@ def _routed_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> tup
         key = checked.keyed.table_key_columns if checked.keyed is not None else options.primary_key  # a new table's: its option's
         if clustered and key and options.operation in KEYED_OPERATIONS:
             _check_clustered_keys(identifier, rows, key, stored)
-        incoming[identifier] = options, rows, checked, None
-    return incoming, clustered
+        incoming[identifier] = options, rows, checked, None, clustered
+    return incoming
 
 
 class TaskNotes(msgspec.Struct):
@@ -150,9 +150,10 @@ def _debezium_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> t
         own = write.options.table_options(part.identifier)
         derived = _derived_options(part, keyed, own)
         options = write.options.table_options(part.identifier, derived)
-        rows = part.rows
+        rows = part.rows if keyed or ROUTE_COLUMN not in part.rows.column_names else part.rows.drop_columns([ROUTE_COLUMN])
+        clustered = ROUTE_COLUMN in rows.column_names
         try:
-            checked = check_table_route(options, _table_columns(rows), table, create=write.options.create_tables)
+            checked = check_table_route(options, _table_columns(rows), table, create=write.options.create_tables, clustered=clustered)
         except SchemaError as exc:
             hint = (
                 ". Iceberg cannot change a decimal's scale: the source column's scale changed, so give its events a table of "
@@ -161,7 +162,11 @@ def _debezium_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> t
             raise SchemaError(f"table {part.identifier} (cdc_format=debezium): {exc}{hint}. Nothing was written") from None
         if not keyed:
             notes.change_logs.append(part.identifier)
-        incoming[part.identifier] = options, rows, checked, part.truncated_at if keyed else None
+        elif clustered:
+            key = checked.keyed.table_key_columns if checked.keyed is not None else options.primary_key
+            if key:
+                _check_clustered_keys(part.identifier, rows, key, schema_of(part.identifier))
+        incoming[part.identifier] = options, rows, checked, part.truncated_at if keyed else None, clustered
     return incoming, notes
 
 

@@ -248,6 +248,18 @@ def write_task(
             keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner)
             if plan.options.unavailable_value is not None:
                 batches = _with_unchanged_values(batches, plan, aligner, task_index, io)
+        elif plan.keyed is not None and plan.options.unavailable_value is not None:
+            # A routed task's index is its key shard's, known from its rows: opened before any
+            # row is written, so the placeholders read the shard's current rows.
+            gathered = [b for b in batches if b.num_rows]
+            if gathered:
+                route = chunk_route(gathered[0], plan.keyed.table_key_columns, None)
+                namer.tag = route.file_tag()
+                task_index = open_task_index(
+                    plan, metadata, io, partition_id=who.partition_id, attempt=who.attempt, route=route, query_id=who.query_id
+                )
+                keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner, route)
+                batches = _with_unchanged_values(iter(gathered), plan, aligner, task_index, io)
         # Concatenating Spark's batches only pays where they are split (by partition or by key);
         # an unpartitioned append buffers them as they come (the writer keeps each once).
         chunk_rows = CHUNK_ROWS if plan.keyed is not None or not splitter.is_unpartitioned else 1

@@ -157,3 +157,20 @@ def test_a_debezium_stream_and_a_batch_write_in_the_shared_session(spark, tmp_pa
     for t in TABLES:
         columns = [c.name for c in t.columns] + ([] if t.key else ["__op"])
         assert pyiceberg_rows(load(warehouse, f"again.{t.table}"), columns) == model.rows(_name(t), columns), t.table
+
+
+def test_a_debezium_stream_clustered_by_key_keeps_each_shard_on_its_task(spark, tmp_path: Path, warehouse: str) -> None:  # type: ignore[no-untyped-def]
+    from lakesink_datasource import cluster_by_key
+    from lakesink_datasource.index.key_route import file_route
+
+    model = make_stream(tmp_path / "source", seed=11)
+    options = {"warehouse": warehouse, "cdc_format": "debezium", "namespace": "replica", "maintenance": "off"}
+    df = spark.readStream.schema("key binary, value binary, topic string, partition int, offset long").option("maxFilesPerTrigger", 1).parquet(str(tmp_path / "source"))
+    routed = cluster_by_key(df, shards=2, **options)
+    query = routed.writeStream.format("lakesink").option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start()
+    query.awaitTermination()
+    assert_replicas(warehouse, model)
+    for t in (CUSTOMERS, ORDERS, PRODUCTS, SALES):
+        for task in load(warehouse, _name(t)).scan().plan_files():
+            route = file_route(task.file.file_path)
+            assert route is not None and route.by_text and route.shards == 2, task.file.file_path
