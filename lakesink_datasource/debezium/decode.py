@@ -18,6 +18,7 @@ every event a row, with its op and position (a truncate too).
 
 from __future__ import annotations
 
+import gc
 import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from lakesink_datasource.debezium.envelope import (
     DebeziumInputError,
     Event,
     Kind,
+    Source,
     read_key,
     read_value,
     where,
@@ -54,6 +56,7 @@ from lakesink_datasource.index.key_encoding import encode_keys
 from lakesink_datasource.index.key_route import ROUTE_COLUMN
 
 OP_COLUMN = "__op"
+RECORD = "\x00the record\x00"  # stands for a record's place in errors, until one is raised
 UNWRITTEN_TRUNCATES = "truncates of tables not written yet"
 
 
@@ -77,6 +80,8 @@ class Decoded:
 # The Arrow schema a table already has (None: it does not exist): a row read without
 # Connect schemas takes its column types from it, as any routed JSON payload does.
 TableSchema = Callable[[str], pa.Schema | None]
+# Raw JSON: msgspec's view of the record's bytes, or bytes.
+Json = bytes | msgspec.Raw
 
 
 @dataclass
@@ -85,11 +90,11 @@ class _Table:
     connector: str
     indices: list[int] = field(default_factory=list)  # into the task's records
     ops: list[str] = field(default_factory=list)
-    rows: list[bytes | None] = field(default_factory=list)
-    schemas: list[bytes | None] = field(default_factory=list)
-    keys: list[bytes | None] = field(default_factory=list)
-    key_schemas: list[bytes | None] = field(default_factory=list)
-    sources: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[Json | None] = field(default_factory=list)
+    schemas: list[Json | None] = field(default_factory=list)
+    keys: list[Json | None] = field(default_factory=list)
+    key_schemas: list[Json | None] = field(default_factory=list)
+    sources: list[Source] = field(default_factory=list)
     offsets: list[int | None] = field(default_factory=list)
     struct_rows: list[int] = field(default_factory=list)  # rows of a struct value column
 
@@ -113,38 +118,50 @@ def decode(records: pa.Table, options: DebeziumOptions, table_schema: TableSchem
     tables: dict[str, _Table] = {}
     names: dict[tuple[Any, ...], str] = {}
     skipped: dict[str, int] = {}
-    for i in range(n):
-        what = where(topics[i], partitions[i], offsets[i], i)
-        event = events[i] if events is not None else read_value(values[i], topics[i], what)
-        if event.kind not in (Kind.CHANGE, Kind.TRUNCATE):
-            skipped[event.kind.value] = skipped.get(event.kind.value, 0) + 1
-            continue
-        source = event.source or {}
-        naming = (source.get("db"), source.get("schema"), source.get("table"), topics[i])
-        identifier = names.get(naming)
-        if identifier is None:
-            identifier = names[naming] = _identifier(options, naming, what)
-        connector = str(source.get("connector") or "")
-        table = tables.get(identifier)
-        if table is None:
-            table = tables[identifier] = _Table(identifier, connector)
-        elif table.connector != connector:
-            raise DebeziumInputError(f"{what}: table {identifier} gets events of connectors {table.connector!r} and {connector!r}")
-        table.indices.append(i)
-        table.ops.append(event.op or "")
-        table.rows.append(event.row)
-        table.schemas.append(event.schema)
-        table.sources.append(source)
-        table.offsets.append(offsets[i])
-        if key_struct is not None:
-            table.keys.append(None if not key_struct[i].is_valid or event.kind == Kind.TRUNCATE else b"")
-            table.key_schemas.append(None)
-        else:
-            fields, schema = read_key(keys[i], what) if event.kind == Kind.CHANGE else (None, None)
-            table.keys.append(fields)
-            table.key_schemas.append(schema)
-        if structured:
-            table.struct_rows.append(i)
+    # The loop makes a few objects per record and keeps them (rows, sources): the collector's
+    # full passes over them cost a quarter of it, and nothing it makes is cyclic.
+    collecting = gc.isenabled()
+    gc.disable()
+    i = 0
+    try:
+        for i in range(n):
+            event = events[i] if events is not None else read_value(values[i], topics[i], RECORD)
+            if event.kind is not Kind.CHANGE and event.kind is not Kind.TRUNCATE:
+                skipped[event.kind.value] = skipped.get(event.kind.value, 0) + 1
+                continue
+            source = event.source
+            naming = (source.db, source.schema, source.table, topics[i])
+            identifier = names.get(naming)
+            if identifier is None:
+                identifier = names[naming] = _identifier(options, naming, RECORD)
+            table = tables.get(identifier)
+            if table is None:
+                table = tables[identifier] = _Table(identifier, str(source.connector or ""))
+            elif table.connector != (source.connector or ""):
+                raise DebeziumInputError(
+                    f"{RECORD}: table {identifier} gets events of connectors {table.connector!r} and {source.connector!r}"
+                )
+            table.indices.append(i)
+            table.ops.append(event.op or "")
+            table.rows.append(event.row)
+            table.schemas.append(event.schema)
+            table.sources.append(source)
+            table.offsets.append(offsets[i])
+            if key_struct is not None:
+                table.keys.append(None if not key_struct[i].is_valid or event.kind is Kind.TRUNCATE else b"")
+                table.key_schemas.append(None)
+            else:
+                fields, schema = read_key(keys[i], RECORD) if event.kind is Kind.CHANGE else (None, None)
+                table.keys.append(fields)
+                table.key_schemas.append(schema)
+            if structured:
+                table.struct_rows.append(i)
+    except DebeziumInputError as exc:
+        # Named once, when it fails: formatting every record's place cost more than reading it.
+        raise DebeziumInputError(str(exc).replace(RECORD, where(topics[i], partitions[i], offsets[i], i))) from None
+    finally:
+        if collecting:
+            gc.enable()
     out.skipped = skipped
     with_offset = options.offset_column is not None
     # cluster_by_key's route travels with each row of a keyed table (write/task.py reads it).
@@ -213,7 +230,8 @@ def _struct_events(value: pa.StructArray) -> list[Event]:
         elif op not in ("c", "r", "u", "d", "t"):
             raise DebeziumInputError(f"a record has op {op!r}: Debezium's ops are c, r, u, d, t, m. Nothing was written")
         else:
-            events.append(Event(Kind.TRUNCATE if op == TRUNCATE_OP else Kind.CHANGE, op, source or {}))
+            known = {k: v for k, v in (source or {}).items() if k in Source.__struct_fields__}
+            events.append(Event(Kind.TRUNCATE if op == TRUNCATE_OP else Kind.CHANGE, op, Source(**known)))
     return events
 
 
@@ -315,7 +333,7 @@ def _key_schema(raw: bytes) -> ConnectSchema:
     return cached
 
 
-def _parse_rows(raws: Sequence[bytes | None], connect: ConnectSchema | None, existing: pa.Schema | None) -> pa.Table:
+def _parse_rows(raws: Sequence[Json | None], connect: ConnectSchema | None, existing: pa.Schema | None) -> pa.Table:
     """Rows as JSON objects -> their columns: by their Connect schema (each column read in its
     JSON form, then converted), else typed as the table has them or as the JSON gives them."""
     blob = _lines(raws)
@@ -348,12 +366,14 @@ def _parse_rows(raws: Sequence[bytes | None], connect: ConnectSchema | None, exi
     return parsed.drop_columns(nulls) if nulls else parsed
 
 
-def _lines(raws: Sequence[bytes | None]) -> bytes:
-    # One JSON object per line: a null row (a delete's) is an object of nulls.
+def _lines(raws: Sequence[Json | None]) -> bytes:
+    # One JSON object per line: a null row (a delete's) is an object of nulls. A value written
+    # across lines (pretty-printed JSON) is written again on one.
     texts = [r if r is not None else b"{}" for r in raws]
-    if any(b"\n" in r for r in texts):
-        texts = [msgspec.json.encode(msgspec.json.decode(r)) if b"\n" in r else r for r in texts]
-    return b"\n".join(texts)
+    blob = b"\n".join(texts)
+    if blob.count(b"\n") != len(texts) - 1:
+        blob = b"\n".join(msgspec.json.encode(msgspec.json.decode(r)) if b"\n" in bytes(r) else r for r in texts)
+    return blob
 
 
 def _read(blob: bytes, explicit: pa.Schema | None, unexpected: str) -> pa.Table:

@@ -41,11 +41,31 @@ class Kind(enum.Enum):
     MESSAGE = "logical messages"
 
 
+class Source(msgspec.Struct):
+    """The parts of an event's `source` lakesink reads: where it goes, where it sits in the log."""
+
+    connector: Any = None
+    db: Any = None
+    schema: Any = None
+    table: Any = None
+    snapshot: Any = None
+    lsn: Any = None  # PostgreSQL
+    sequence: Any = None
+    file: Any = None  # MySQL, MariaDB
+    pos: Any = None
+    row: Any = None
+    change_lsn: Any = None  # SQL Server
+    commit_lsn: Any = None
+    event_serial_no: Any = None
+    scn: Any = None  # Oracle
+    commit_scn: Any = None
+
+
 class _Envelope(msgspec.Struct):
-    op: str | None = None
+    op: Any = None
     before: msgspec.Raw = NOTHING
     after: msgspec.Raw = NOTHING
-    source: dict[str, Any] | None = None
+    source: Source | None = None
     # transaction boundaries: {"status": "BEGIN" | "END", "id": ...}
     status: Any = None
     # schema changes (MySQL's, SQL Server's schema change topic)
@@ -55,8 +75,10 @@ class _Envelope(msgspec.Struct):
 
 
 class _Wrapped(_Envelope):
+    """A value as it comes: JsonConverter's wrapper (schema, payload) or the envelope itself."""
+
     schema: msgspec.Raw = NOTHING
-    payload: msgspec.Raw = NOTHING
+    payload: _Envelope | None = None
 
 
 class _Key(msgspec.Struct):
@@ -65,8 +87,9 @@ class _Key(msgspec.Struct):
 
 
 _top = msgspec.json.Decoder(_Wrapped)
-_envelope = msgspec.json.Decoder(_Envelope)
+_payload = msgspec.json.Decoder(_Envelope)
 _key = msgspec.json.Decoder(_Key)
+_NO_SOURCE = Source()
 
 
 @dataclass(frozen=True)
@@ -75,10 +98,9 @@ class Event:
 
     kind: Kind
     op: str | None = None
-    source: dict[str, Any] | None = None
-    row: bytes | None = None  # the row's JSON (`after`; a delete's `before`), None: absent or null
-    before: bytes | None = None
-    schema: bytes | None = None  # the value's Connect schema (JSON), with the wrapper
+    source: Source = _NO_SOURCE
+    row: bytes | msgspec.Raw | None = None  # the row's JSON (`after`; a delete's `before`), None: absent or null
+    schema: bytes | msgspec.Raw | None = None  # the value's Connect schema (JSON), with the wrapper
 
 
 def where(topic: str | None, partition: int | None, offset: int | None, index: int) -> str:
@@ -88,50 +110,79 @@ def where(topic: str | None, partition: int | None, offset: int | None, index: i
     return f"the record at topic {topic!r}, partition {partition}, offset {offset}"
 
 
-def _raw(value: msgspec.Raw) -> bytes | None:
-    data = bytes(value)
-    return None if not data or data == NULL else data
+def _raw(value: msgspec.Raw) -> msgspec.Raw | None:
+    """A raw JSON value, None when absent or null (kept as msgspec's view: no copy)."""
+    n = len(value)
+    return None if n == 0 or (n == 4 and bytes(value) == NULL) else value
+
+
+# JsonConverter writes a topic's values as `{"schema":<the same schema>,"payload":<the change>}`:
+# that prefix, learnt per topic, is compared (a memcmp) instead of parsed, which was most of a
+# record's cost (a table's schema is often 2-3 KB, its change a few hundred bytes).
+_PREFIXES: dict[str | None, tuple[bytes, bytes]] = {}  # topic -> (prefix, the schema in it)
+_MAX_PREFIXES = 4096
 
 
 def read_value(value: bytes | str | None, topic: str | None, what: str) -> Event:
     """Classify one record's value (JSON text or bytes)."""
     if value is None:
         return Event(Kind.TOMBSTONE)
+    known = _PREFIXES.get(topic)
+    if known is not None and isinstance(value, bytes) and value.startswith(known[0]) and value.endswith(b"}"):
+        try:
+            payload = _payload.decode(memoryview(value)[len(known[0]) : -1])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            pass  # not what it looked like: read whole below
+        else:
+            return _classify(payload, known[1], value, topic, what)
     try:
         top = _top.decode(value)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise DebeziumInputError(f"{what} is not a Debezium change event: its value is not a JSON object ({exc})") from None
     envelope: _Envelope = top
-    schema = None
-    payload = _raw(top.payload)
-    if payload is not None or (bytes(top.payload) == NULL and _raw(top.schema) is not None):
-        if payload is None:
-            return Event(Kind.TOMBSTONE)  # JsonConverter's wrapper around a null value
-        schema = _raw(top.schema)
-        try:
-            envelope = _envelope.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise DebeziumInputError(f"{what} is not a Debezium change event: its payload is not an envelope ({exc})") from None
+    raw_schema = _raw(top.schema)
+    # bytes: a table's records are grouped by schema (a msgspec view cannot be a dict key).
+    schema = bytes(raw_schema) if raw_schema is not None else None
+    if top.payload is not None:
+        envelope = top.payload
+        if schema is not None and isinstance(value, bytes):
+            _learn(topic, value, schema)
+    elif schema is not None:
+        return Event(Kind.TOMBSTONE)  # JsonConverter's wrapper around a null value
+    return _classify(envelope, schema, value, topic, what)
+
+
+def _learn(topic: str | None, value: bytes, schema: bytes) -> None:
+    prefix = b'{"schema":' + schema + b',"payload":'
+    if value.startswith(prefix):
+        if len(_PREFIXES) >= _MAX_PREFIXES:
+            _PREFIXES.clear()  # a long-lived worker meeting many topics: keep it bounded
+        _PREFIXES[topic] = (prefix, schema)
+
+
+def _classify(envelope: _Envelope, schema: bytes | None, value: bytes | str, topic: str | None, what: str) -> Event:
     op = envelope.op
     if op is not None:
-        if not isinstance(op, str) or op not in (*WRITE_OPS, DELETE_OP, TRUNCATE_OP, MESSAGE_OP):
-            raise DebeziumInputError(
-                f"{what} has op {op!r}: Debezium's ops are c, r, u (write the row), d (delete the key), t (truncate), "
-                "m (a logical message). Nothing was written"
-            )
+        if op in WRITE_OPS or op == DELETE_OP:
+            if envelope.source is None:
+                raise DebeziumInputError(f"{what} is not a Debezium change event: op {op!r} without 'source'. Nothing was written")
+            row = _raw(envelope.after) if op != DELETE_OP else _raw(envelope.before)
+            return Event(Kind.CHANGE, op, envelope.source, row, schema)
+        if op == TRUNCATE_OP:
+            if envelope.source is None:
+                raise DebeziumInputError(f"{what} is not a Debezium change event: op 't' without 'source'. Nothing was written")
+            return Event(Kind.TRUNCATE, op, envelope.source, schema=schema)
         if op == MESSAGE_OP:
             return Event(Kind.MESSAGE)
-        if envelope.source is None:
-            raise DebeziumInputError(f"{what} is not a Debezium change event: op {op!r} without 'source'. Nothing was written")
-        after, before = _raw(envelope.after), _raw(envelope.before)
-        if op == TRUNCATE_OP:
-            return Event(Kind.TRUNCATE, op, envelope.source, schema=schema)
-        return Event(Kind.CHANGE, op, envelope.source, after if op != DELETE_OP else before, before, schema)
+        raise DebeziumInputError(
+            f"{what} has op {op!r}: Debezium's ops are c, r, u (write the row), d (delete the key), t (truncate), "
+            "m (a logical message). Nothing was written"
+        )
     if envelope.status in ("BEGIN", "END"):
         return Event(Kind.TRANSACTION)
     if envelope.ddl is not None or _raw(envelope.tableChanges) is not None or envelope.databaseName is not None:
         return Event(Kind.SCHEMA_CHANGE)
-    if (topic or "").startswith("__debezium-heartbeat") or _is_heartbeat(value if payload is None else payload):
+    if (topic or "").startswith("__debezium-heartbeat") or _is_heartbeat(value):
         return Event(Kind.HEARTBEAT)
     raise DebeziumInputError(
         f"{what} is not a Debezium change event: it has no 'op' and is no tombstone, heartbeat, transaction marker or "
@@ -140,15 +191,17 @@ def read_value(value: bytes | str | None, topic: str | None, what: str) -> Event
 
 
 def _is_heartbeat(value: bytes | str) -> bool:
-    """A heartbeat's value holds `ts_ms` only."""
+    """A heartbeat's value holds `ts_ms` only (in JsonConverter's wrapper, or bare)."""
     try:
         fields = msgspec.json.decode(value)
     except msgspec.DecodeError:
         return False
+    if isinstance(fields, dict) and "payload" in fields and "schema" in fields:
+        fields = fields["payload"]
     return isinstance(fields, dict) and set(fields) <= {"ts_ms", "ts_us", "ts_ns"} and bool(fields)
 
 
-def read_key(key: bytes | str | None, what: str) -> tuple[bytes | None, bytes | None]:
+def read_key(key: bytes | str | None, what: str) -> tuple[bytes | msgspec.Raw | None, bytes | msgspec.Raw | None]:
     """A record key's fields (JSON object) and its Connect schema (with the wrapper)."""
     if key is None:
         return None, None
@@ -160,8 +213,9 @@ def read_key(key: bytes | str | None, what: str) -> tuple[bytes | None, bytes | 
             "Nothing was written"
         ) from None
     payload = _raw(top.payload)
-    if payload is not None and _raw(top.schema) is not None:
-        return payload, _raw(top.schema)
+    schema = _raw(top.schema)
+    if payload is not None and schema is not None:
+        return payload, bytes(schema)
     if bytes(top.payload) == NULL and _raw(top.schema) is not None:
         return None, None  # a wrapped null key
     data = key.encode() if isinstance(key, str) else bytes(key)

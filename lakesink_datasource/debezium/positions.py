@@ -22,69 +22,70 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import msgspec
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from lakesink_datasource.debezium.connect_schema import DebeziumSchemaError
+from lakesink_datasource.debezium.envelope import Source
 
 POSITION_COLUMN = "__source_position"
 KAFKA_OFFSET = "kafka_offset"
 _SCN = pa.decimal128(38, 0)
 
 
-def _int(value: Any) -> int:
-    if value is None:
-        return -1
+def _numbers(values: list[Any], kind: pa.DataType, what: str) -> pa.Array:
+    """Numbers as the connector writes them (JSON numbers, or digits as text), -1 for none."""
     try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise DebeziumSchemaError(f"source position part {value!r} is not a number") from None
+        array = pa.array(values, kind)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        try:
+            array = pa.array([None if v is None else str(v) for v in values], pa.string()).cast(kind)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            bad = next(v for v in values if v is not None and not str(v).lstrip("-").isdigit())
+            raise DebeziumSchemaError(f"source.{what} {bad!r} is not a number") from None
+    return pc.fill_null(array, pa.scalar(-1, kind))
 
 
-def _text(value: Any) -> str:
-    return "" if value is None else str(value)
+def _texts(values: list[Any]) -> pa.Array:
+    return pc.fill_null(pa.array([None if v is None else str(v) for v in values], pa.string()), "")
 
 
-def _binlog_number(name: Any) -> int:
-    """`mysql-bin.000003` -> 3 (files are numbered in the order MySQL writes them)."""
-    if name is None:
-        return -1
-    digits = str(name).rsplit(".", 1)[-1]
-    if not digits.isdigit():
-        raise DebeziumSchemaError(f"binlog file name {name!r} does not end in a number")
-    return int(digits)
+def _number_in(values: list[Any], pattern: str, what: str) -> pa.Array:
+    """The number a text holds where `pattern` (its group `n`) finds it; -1 for none."""
+    texts = pa.array([None if v is None else str(v) for v in values], pa.string())
+    found = pc.extract_regex(texts, pattern)  # null where the pattern does not match
+    digits = found.field("n")
+    # A group that took no part in the match reads as empty text.
+    digits = pc.if_else(pc.equal(digits, ""), pa.scalar(None, pa.string()), digits)
+    missing = pc.and_(texts.is_valid(), found.is_null())
+    if pc.any(missing).as_py():
+        bad = texts.filter(missing)[0].as_py()
+        raise DebeziumSchemaError(f"source.{what} {bad!r} holds no number where lakesink expects one")
+    return pc.fill_null(digits.cast(pa.int64()), -1)
 
 
-def _last_committed(sequence: Any) -> int:
-    if sequence is None:
-        return -1
-    try:
-        parts = msgspec.json.decode(sequence) if isinstance(sequence, (str, bytes)) else sequence
-    except msgspec.DecodeError:
-        raise DebeziumSchemaError(f"PostgreSQL source.sequence {sequence!r} is not a JSON array") from None
-    return _int(parts[0]) if parts else -1
-
-
-Part = tuple[str, pa.DataType, Callable[[Any], Any]]
-# connector -> the position's parts: (name, type, getter from the source mapping)
+Part = tuple[str, pa.DataType, Callable[[Sequence[Any]], pa.Array]]
+# connector -> the position's parts: (name, type, the part's column from the events' sources)
 _CONNECTORS: dict[str, tuple[Part, ...]] = {
     "postgresql": (
-        ("lsn", pa.int64(), lambda s: _int(s.get("lsn"))),
-        ("last_commit_lsn", pa.int64(), lambda s: _last_committed(s.get("sequence"))),
+        ("lsn", pa.int64(), lambda s: _numbers([x.lsn for x in s], pa.int64(), "lsn")),
+        # source.sequence is the text ["<last committed lsn>", "<lsn>"]
+        ("last_commit_lsn", pa.int64(), lambda s: _number_in([x.sequence for x in s], r'^\[\s*"?(?P<n>-?\d+)|^\[\s*(?P<n2>null)', "sequence")),
     ),
     "mysql": (
-        ("file_number", pa.int64(), lambda s: _binlog_number(s.get("file"))),
-        ("pos", pa.int64(), lambda s: _int(s.get("pos"))),
-        ("row", pa.int64(), lambda s: _int(s.get("row"))),
+        # mysql-bin.000003 -> 3: binlog files are numbered in the order MySQL writes them
+        ("file_number", pa.int64(), lambda s: _number_in([x.file for x in s], r"(?P<n>\d+)$", "file")),
+        ("pos", pa.int64(), lambda s: _numbers([x.pos for x in s], pa.int64(), "pos")),
+        ("row", pa.int64(), lambda s: _numbers([x.row for x in s], pa.int64(), "row")),
     ),
     "sqlserver": (
-        ("change_lsn", pa.string(), lambda s: _text(s.get("change_lsn"))),
-        ("commit_lsn", pa.string(), lambda s: _text(s.get("commit_lsn"))),
-        ("event_serial_no", pa.int64(), lambda s: _int(s.get("event_serial_no"))),
+        ("change_lsn", pa.string(), lambda s: _texts([x.change_lsn for x in s])),
+        ("commit_lsn", pa.string(), lambda s: _texts([x.commit_lsn for x in s])),
+        ("event_serial_no", pa.int64(), lambda s: _numbers([x.event_serial_no for x in s], pa.int64(), "event_serial_no")),
     ),
     "oracle": (
-        ("scn", _SCN, lambda s: _int(s.get("scn"))),
-        ("commit_scn", _SCN, lambda s: _int(s.get("commit_scn"))),
+        ("scn", _SCN, lambda s: _numbers([x.scn for x in s], _SCN, "scn")),
+        ("commit_scn", _SCN, lambda s: _numbers([x.commit_scn for x in s], _SCN, "commit_scn")),
     ),
 }
 _CONNECTORS["mariadb"] = _CONNECTORS["mysql"]
@@ -108,12 +109,10 @@ def position_type(connector: str | None, with_offset: bool) -> pa.StructType:
     return pa.struct(fields)
 
 
-def positions(connector: str | None, sources: Sequence[dict[str, Any]], offsets: Sequence[int | None] | None) -> pa.StructArray:
+def positions(connector: str | None, sources: Sequence[Source], offsets: Sequence[int | None] | None) -> pa.StructArray:
     """Each record's position, from its `source` (and Kafka offset, when the input has one)."""
     parts = parts_of(connector)
-    arrays = [pa.array([get(s) for s in sources], kind) for _, kind, get in parts]
-    names = [name for name, _, _ in parts]
+    arrays = [column(sources) for _, _, column in parts]
     if offsets is not None:
-        arrays.append(pa.array([-1 if o is None else o for o in offsets], pa.int64()))
-        names.append(KAFKA_OFFSET)
+        arrays.append(pc.fill_null(pa.array(offsets, pa.int64()), -1))
     return pa.StructArray.from_arrays(arrays, fields=list(position_type(connector, offsets is not None)))

@@ -28,7 +28,7 @@ from lakesink_datasource.debezium.connect_schema import (
     read_type,
 )
 from lakesink_datasource.debezium.decode import decode
-from lakesink_datasource.debezium.envelope import DebeziumInputError, Kind, read_key, read_value
+from lakesink_datasource.debezium.envelope import DebeziumInputError, Kind, Source, read_key, read_value
 from lakesink_datasource.debezium.options import DebeziumOptions
 from lakesink_datasource.debezium.positions import positions
 
@@ -148,9 +148,9 @@ def test_every_kind_of_record_is_told_apart(value: bytes | None, kind: Kind) -> 
 def test_a_wrapped_and_a_bare_key_give_the_same_fields() -> None:
     wrapped = b'{"schema": {"type": "struct", "fields": [{"type": "int32", "field": "id"}]}, "payload": {"id": 7}}'
     fields, schema = read_key(wrapped, "k")
-    assert json.loads(fields or b"") == {"id": 7} and schema is not None
+    assert fields is not None and json.loads(bytes(fields)) == {"id": 7} and schema is not None
     fields, schema = read_key(b'{"id": 7}', "k")
-    assert json.loads(fields or b"") == {"id": 7} and schema is None
+    assert fields is not None and json.loads(bytes(fields)) == {"id": 7} and schema is None
     assert read_key(None, "k") == (None, None)
     with pytest.raises(DebeziumInputError, match="key that is not a JSON object"):
         read_key(b"7", "the record at topic 't'")
@@ -160,7 +160,7 @@ def test_positions_order_each_connector_as_its_log_does() -> None:
     from lakesink_datasource.debezium.decode import encode_position
 
     def order(connector: str, sources: list[dict], offsets: list[int]) -> list[int]:
-        encoded = encode_position(positions(connector, sources, offsets))
+        encoded = encode_position(positions(connector, [Source(**s) for s in sources], offsets))
         return sorted(range(len(sources)), key=lambda i: encoded[i])
 
     mysql = [{"file": "mysql-bin.000003", "pos": 9000, "row": 0}, {"file": "mysql-bin.000004", "pos": 4, "row": 0},
@@ -175,4 +175,4 @@ def test_positions_order_each_connector_as_its_log_does() -> None:
     oracle = [{"scn": "100000000000000000001"}, {"scn": "99"}]
     assert order("oracle", oracle, [0, 0]) == [1, 0]  # numbers, not text
     with pytest.raises(DebeziumSchemaError, match=r"source\.connector .mongodb."):
-        positions("mongodb", [{}], None)
+        positions("mongodb", [Source()], None)
