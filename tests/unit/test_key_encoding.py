@@ -231,7 +231,7 @@ def test_a_struct_encodes_as_its_fields_one_after_another() -> None:
     assert encode_keys([position]) == encode_keys([lsn, offset])
     encoded = encode_keys([position])
     assert sorted(range(4), key=lambda i: encoded[i]) == [2, 1, 0, 3]
-    with pytest.raises(NullKeyError, match="'position.lsn'"):
+    with pytest.raises(NullKeyError, match=r"'position\.lsn'"):
         encode_keys([pa.StructArray.from_arrays([pa.array([1, None]), pa.array([1, 2])], names=["lsn", "o"])], names=["position"])
     with pytest.raises(TypeError, match=r"list<item: int64> for key column 'position\.a'"):
         encode_keys([pa.array([{"a": [1]}])], names=["position"])
