@@ -97,7 +97,9 @@ def make_events(folder: Path, events_total: int = EVENTS, batches: int = BATCHES
     records_total = 0
     per_batch = events_total // batches
     for b in range(batches):
-        columns: dict[str, list[Any]] = {"key": [], "value": [], "topic": [], "partition": [], "offset": []}
+        columns: dict[str, list[Any]] = {"key": [], "value": [], "topic": [], "partition": [], "offset": [], "file": []}
+        # Each table's topic has one partition, on one of two files per micro-batch: two Spark
+        # tasks, as a Kafka source reading two partitions' offsets gives.
 
         def emit(table: str, key: int, payload: dict[str, Any] | None, columns: dict[str, list[Any]] = columns) -> None:
             envelope, key_schema = schemas[table]
@@ -105,6 +107,7 @@ def make_events(folder: Path, events_total: int = EVENTS, batches: int = BATCHES
             columns["value"].append(None if payload is None else f'{{"schema":{envelope},"payload":{json.dumps(payload, separators=(",", ":"))}}}'.encode())
             columns["topic"].append(f"pg.public.{table}")
             columns["partition"].append(0)
+            columns["file"].append(int(table[1:]) % 2)
             columns["offset"].append(offsets[table])
             offsets[table] += 1
 
@@ -145,9 +148,12 @@ def make_events(folder: Path, events_total: int = EVENTS, batches: int = BATCHES
                 emit(table, i, {"before": deleted, "after": None, "source": {**source, "snapshot": "false"}, "op": "d", "ts_ms": 1})
                 emit(table, i, None)  # the tombstone
             events += 1
-        path = folder / f"{b:03d}.parquet"
-        pq.write_table(pa.table(columns, schema=KAFKA), path)
-        os.utime(path, (1_700_000_000 + b * 10, 1_700_000_000 + b * 10))
+        files = columns.pop("file")
+        batch = pa.table(columns, schema=KAFKA)
+        for part in (0, 1):
+            path = folder / f"{b:03d}-{part}.parquet"
+            pq.write_table(batch.filter(pa.array([f == part for f in files])), path)
+            os.utime(path, (1_700_000_000 + b * 10, 1_700_000_000 + b * 10))
         records_total += len(columns["key"])
     return records_total
 
@@ -175,7 +181,7 @@ def run_side(side: str, work: Path) -> dict[str, Any]:
     common = {"warehouse": str(work / "warehouse"), "index_dir": str(work / "index"), "progress": "false", "maintenance": "off"}
 
     def stream(source: Path, checkpoint: str, namespace: str):  # type: ignore[no-untyped-def]
-        df = spark.readStream.schema("key binary, value binary, topic string, partition int, offset long").option("maxFilesPerTrigger", 1).parquet(str(source))
+        df = spark.readStream.schema("key binary, value binary, topic string, partition int, offset long").option("maxFilesPerTrigger", 2).parquet(str(source))
         if side == "debezium":
             writer = df.writeStream.format("lakesink").options(**common, cdc_format="debezium", namespace=namespace)
         else:

@@ -119,22 +119,34 @@ def _raw(value: msgspec.Raw) -> msgspec.Raw | None:
 # JsonConverter writes a topic's values as `{"schema":<the same schema>,"payload":<the change>}`:
 # that prefix, learnt per topic, is compared (a memcmp) instead of parsed, which was most of a
 # record's cost (a table's schema is often 2-3 KB, its change a few hundred bytes).
-_PREFIXES: dict[str | None, tuple[bytes, bytes]] = {}  # topic -> (prefix, the schema in it)
-_MAX_PREFIXES = 4096
+_PREFIXES: dict[str | None, list[tuple[bytes, bytes]]] = {}  # topic -> [(prefix, the schema in it)]
+_KEY_PREFIXES: dict[str | None, tuple[bytes, bytes]] = {}  # topic -> its keys' (prefix, schema)
+_MAX_TOPICS = 4096
+_PER_TOPIC = 8  # schemas a topic keeps (a topic several tables share, a table's new version)
+
+
+def known_prefixes(topic: str | None) -> list[tuple[bytes, bytes]]:
+    """The wrapper prefixes (and schemas) seen on `topic`'s values, newest first."""
+    return _PREFIXES.get(topic, [])
+
+
+def key_prefix(topic: str | None) -> tuple[bytes, bytes] | None:
+    """The wrapper prefix (and schema) of `topic`'s keys, once one was read."""
+    return _KEY_PREFIXES.get(topic)
 
 
 def read_value(value: bytes | str | None, topic: str | None, what: str) -> Event:
     """Classify one record's value (JSON text or bytes)."""
     if value is None:
         return Event(Kind.TOMBSTONE)
-    known = _PREFIXES.get(topic)
-    if known is not None and isinstance(value, bytes) and value.startswith(known[0]) and value.endswith(b"}"):
-        try:
-            payload = _payload.decode(memoryview(value)[len(known[0]) : -1])
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            pass  # not what it looked like: read whole below
-        else:
-            return _classify(payload, known[1], value, topic, what)
+    if isinstance(value, bytes) and value.endswith(b"}"):
+        for prefix, known in _PREFIXES.get(topic, ()):
+            if value.startswith(prefix):
+                try:
+                    payload = _payload.decode(memoryview(value)[len(prefix) : -1])
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    break  # not what it looked like: read whole below
+                return _classify(payload, known, value, topic, what)
     try:
         top = _top.decode(value)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -152,12 +164,28 @@ def read_value(value: bytes | str | None, topic: str | None, what: str) -> Event
     return _classify(envelope, schema, value, topic, what)
 
 
+def _prefix(value: bytes) -> tuple[bytes, bytes] | None:
+    """The wrapper's prefix of `value` (everything before its payload, the payload last) and
+    the schema in it; None when the value is not laid out so."""
+    parts = _key.decode(value)
+    payload, schema = bytes(parts.payload), bytes(parts.schema)
+    if not payload or not schema or not value.endswith(b"}"):
+        return None
+    at = value.rfind(payload)
+    if at <= 0 or value[at + len(payload) :].strip() != b"}" or not value[:at].rstrip().endswith(b":"):
+        return None
+    return value[:at], schema
+
+
 def _learn(topic: str | None, value: bytes, schema: bytes) -> None:
-    prefix = b'{"schema":' + schema + b',"payload":'
-    if value.startswith(prefix):
-        if len(_PREFIXES) >= _MAX_PREFIXES:
-            _PREFIXES.clear()  # a long-lived worker meeting many topics: keep it bounded
-        _PREFIXES[topic] = (prefix, schema)
+    found = _prefix(value)
+    if found is None or found[1] != schema:
+        return
+    prefix = found[0]
+    if len(_PREFIXES) >= _MAX_TOPICS:
+        _PREFIXES.clear()  # a long-lived worker meeting many topics: keep it bounded
+    known = [(p, s) for p, s in _PREFIXES.get(topic, ()) if p != prefix]
+    _PREFIXES[topic] = [(prefix, schema), *known][:_PER_TOPIC]
 
 
 def _classify(envelope: _Envelope, schema: bytes | None, value: bytes | str, topic: str | None, what: str) -> Event:
@@ -201,7 +229,7 @@ def _is_heartbeat(value: bytes | str) -> bool:
     return isinstance(fields, dict) and set(fields) <= {"ts_ms", "ts_us", "ts_ns"} and bool(fields)
 
 
-def read_key(key: bytes | str | None, what: str) -> tuple[bytes | msgspec.Raw | None, bytes | msgspec.Raw | None]:
+def read_key(key: bytes | str | None, what: str, topic: str | None = None) -> tuple[bytes | msgspec.Raw | None, bytes | None]:
     """A record key's fields (JSON object) and its Connect schema (with the wrapper)."""
     if key is None:
         return None, None
@@ -215,7 +243,15 @@ def read_key(key: bytes | str | None, what: str) -> tuple[bytes | msgspec.Raw | 
     payload = _raw(top.payload)
     schema = _raw(top.schema)
     if payload is not None and schema is not None:
-        return payload, bytes(schema)
+        known = bytes(schema)
+        held = _KEY_PREFIXES.get(topic)
+        if isinstance(key, bytes) and (held is None or not key.startswith(held[0])):
+            found = _prefix(key)
+            if found is not None and found[1] == known:
+                if len(_KEY_PREFIXES) >= _MAX_TOPICS:
+                    _KEY_PREFIXES.clear()
+                _KEY_PREFIXES[topic] = found
+        return payload, known
     if bytes(top.payload) == NULL and _raw(top.schema) is not None:
         return None, None  # a wrapped null key
     data = key.encode() if isinstance(key, str) else bytes(key)

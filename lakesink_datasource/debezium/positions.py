@@ -20,7 +20,6 @@ missing part sorts first (-1, or empty text): a snapshot row has no `change_lsn`
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,26 +32,25 @@ KAFKA_OFFSET = "kafka_offset"
 _SCN = pa.decimal128(38, 0)
 
 
-def _numbers(values: list[Any], kind: pa.DataType, what: str) -> pa.Array:
+def _numbers(values: pa.Array, kind: pa.DataType, what: str) -> pa.Array:
     """Numbers as the connector writes them (JSON numbers, or digits as text), -1 for none."""
+    if pa.types.is_null(values.type):
+        return pa.repeat(pa.scalar(-1, kind), len(values))
     try:
-        array = pa.array(values, kind)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        try:
-            array = pa.array([None if v is None else str(v) for v in values], pa.string()).cast(kind)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            bad = next(v for v in values if v is not None and not str(v).lstrip("-").isdigit())
-            raise DebeziumSchemaError(f"source.{what} {bad!r} is not a number") from None
+        array = values.cast(kind)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        bad = next(v for v in values.to_pylist() if v is not None and not str(v).lstrip("-").isdigit())
+        raise DebeziumSchemaError(f"source.{what} {bad!r} is not a number") from None
     return pc.fill_null(array, pa.scalar(-1, kind))
 
 
-def _texts(values: list[Any]) -> pa.Array:
-    return pc.fill_null(pa.array([None if v is None else str(v) for v in values], pa.string()), "")
+def _texts(values: pa.Array) -> pa.Array:
+    return pc.fill_null(values.cast(pa.string()), "")
 
 
-def _number_in(values: list[Any], pattern: str, what: str) -> pa.Array:
+def _number_in(values: pa.Array, pattern: str, what: str) -> pa.Array:
     """The number a text holds where `pattern` (its group `n`) finds it; -1 for none."""
-    texts = pa.array([None if v is None else str(v) for v in values], pa.string())
+    texts = values.cast(pa.string())
     found = pc.extract_regex(texts, pattern)  # null where the pattern does not match
     digits = found.field("n")
     # A group that took no part in the match reads as empty text.
@@ -64,32 +62,43 @@ def _number_in(values: list[Any], pattern: str, what: str) -> pa.Array:
     return pc.fill_null(digits.cast(pa.int64()), -1)
 
 
-Part = tuple[str, pa.DataType, Callable[[Sequence[Any]], pa.Array]]
-# connector -> the position's parts: (name, type, the part's column from the events' sources)
+# A source field's values as one column (null where absent).
+Field = Callable[[str], pa.Array]
+Part = tuple[str, pa.DataType, Callable[[Field], pa.Array]]
+# connector -> the position's parts: (name, type, the part's column from the sources' fields)
 _CONNECTORS: dict[str, tuple[Part, ...]] = {
     "postgresql": (
-        ("lsn", pa.int64(), lambda s: _numbers([x.lsn for x in s], pa.int64(), "lsn")),
+        ("lsn", pa.int64(), lambda f: _numbers(f("lsn"), pa.int64(), "lsn")),
         # source.sequence is the text ["<last committed lsn>", "<lsn>"]
-        ("last_commit_lsn", pa.int64(), lambda s: _number_in([x.sequence for x in s], r'^\[\s*"?(?P<n>-?\d+)|^\[\s*(?P<n2>null)', "sequence")),
+        ("last_commit_lsn", pa.int64(), lambda f: _number_in(f("sequence"), r'^\[\s*"?(?P<n>-?\d+)|^\[\s*(?P<n2>null)', "sequence")),
     ),
     "mysql": (
         # mysql-bin.000003 -> 3: binlog files are numbered in the order MySQL writes them
-        ("file_number", pa.int64(), lambda s: _number_in([x.file for x in s], r"(?P<n>\d+)$", "file")),
-        ("pos", pa.int64(), lambda s: _numbers([x.pos for x in s], pa.int64(), "pos")),
-        ("row", pa.int64(), lambda s: _numbers([x.row for x in s], pa.int64(), "row")),
+        ("file_number", pa.int64(), lambda f: _number_in(f("file"), r"(?P<n>\d+)$", "file")),
+        ("pos", pa.int64(), lambda f: _numbers(f("pos"), pa.int64(), "pos")),
+        ("row", pa.int64(), lambda f: _numbers(f("row"), pa.int64(), "row")),
     ),
     "sqlserver": (
-        ("change_lsn", pa.string(), lambda s: _texts([x.change_lsn for x in s])),
-        ("commit_lsn", pa.string(), lambda s: _texts([x.commit_lsn for x in s])),
-        ("event_serial_no", pa.int64(), lambda s: _numbers([x.event_serial_no for x in s], pa.int64(), "event_serial_no")),
+        ("change_lsn", pa.string(), lambda f: _texts(f("change_lsn"))),
+        ("commit_lsn", pa.string(), lambda f: _texts(f("commit_lsn"))),
+        ("event_serial_no", pa.int64(), lambda f: _numbers(f("event_serial_no"), pa.int64(), "event_serial_no")),
     ),
     "oracle": (
-        ("scn", _SCN, lambda s: _numbers([x.scn for x in s], _SCN, "scn")),
-        ("commit_scn", _SCN, lambda s: _numbers([x.commit_scn for x in s], _SCN, "commit_scn")),
+        ("scn", _SCN, lambda f: _numbers(f("scn"), _SCN, "scn")),
+        ("commit_scn", _SCN, lambda f: _numbers(f("commit_scn"), _SCN, "commit_scn")),
     ),
 }
 _CONNECTORS["mariadb"] = _CONNECTORS["mysql"]
 CONNECTORS = tuple(sorted(_CONNECTORS))
+# The source fields a position reads, per connector, in their JSON form (Arrow's JSON reader
+# reads them with these types; a value of another form sends the record the slow way).
+SOURCE_FIELDS: dict[str, dict[str, pa.DataType]] = {
+    "postgresql": {"lsn": pa.int64(), "sequence": pa.string()},
+    "mysql": {"file": pa.string(), "pos": pa.int64(), "row": pa.int64()},
+    "mariadb": {"file": pa.string(), "pos": pa.int64(), "row": pa.int64()},
+    "sqlserver": {"change_lsn": pa.string(), "commit_lsn": pa.string(), "event_serial_no": pa.int64()},
+    "oracle": {"scn": pa.string(), "commit_scn": pa.string()},
+}
 
 
 def parts_of(connector: str | None) -> tuple[Part, ...]:
@@ -111,8 +120,23 @@ def position_type(connector: str | None, with_offset: bool) -> pa.StructType:
 
 def positions(connector: str | None, sources: Sequence[Source], offsets: Sequence[int | None] | None) -> pa.StructArray:
     """Each record's position, from its `source` (and Kafka offset, when the input has one)."""
+
+    def field(name: str) -> pa.Array:
+        values = [getattr(s, name) for s in sources]
+        try:
+            return pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            return pa.array([None if v is None else str(v) for v in values], pa.string())
+
+    return positions_of(connector, field, len(sources), pa.array(offsets, pa.int64()) if offsets is not None else None)
+
+
+def positions_of(connector: str | None, field: Field, n: int, offsets: pa.Array | None) -> pa.StructArray:
+    """Positions from the sources' fields as columns (`field`), and the Kafka offsets."""
     parts = parts_of(connector)
-    arrays = [column(sources) for _, _, column in parts]
+    arrays = [column(field) for _, _, column in parts]
     if offsets is not None:
-        arrays.append(pc.fill_null(pa.array(offsets, pa.int64()), -1))
+        arrays.append(pc.fill_null(offsets.cast(pa.int64()), -1))
+    if not arrays[0].__len__() == n:
+        raise AssertionError("a position part of another length")
     return pa.StructArray.from_arrays(arrays, fields=list(position_type(connector, offsets is not None)))

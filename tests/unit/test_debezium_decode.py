@@ -176,3 +176,43 @@ def test_positions_order_each_connector_as_its_log_does() -> None:
     assert order("oracle", oracle, [0, 0]) == [1, 0]  # numbers, not text
     with pytest.raises(DebeziumSchemaError, match=r"source\.connector .mongodb."):
         positions("mongodb", [Source()], None)
+
+
+def test_the_bulk_read_gives_what_reading_record_by_record_gives() -> None:
+    """A topic's first records are read one by one (its wrapper prefix is learnt from them),
+    later ones in bulk: both ways must give the same rows, keys and positions."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from debezium_events import PLACEHOLDER, Column, Connector, SourceDatabase, SourceTable, to_arrow
+
+    from lakesink_datasource.debezium import envelope
+
+    people = SourceTable("d", "public", "people", (
+        Column("id", "int32", optional=False), Column("name", "string"), Column("bal", "decimal"), Column("born", "date"),
+        Column("at", "zoned_timestamp"), Column("n", "variable_decimal"), Column("raw", "bytes")), ("id",))
+    log = SourceTable("d", "public", "log", (Column("msg", "string"),), ())
+    pg = SourceDatabase(Connector("postgresql", "pg", partitions=2), [people, log], toasted=["name"])
+    for i in range(30):
+        pg.insert("people", {"id": i, "name": f"p{i}", "bal": f"{i}.25", "born": dt.date(2000, 1, 1 + i % 28),
+                             "at": dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc), "n": f"-{i}.5", "raw": bytes([i, 0, 255])})
+        pg.insert("log", {"msg": f"m{i}"})
+    for i in range(0, 30, 3):
+        pg.update("people", (i,), {"bal": "9.99"})  # name unchanged: the placeholder
+        pg.delete("people", (i + 1,))
+    pg.truncate("log")
+    records = to_arrow(pg.records)
+    options = DebeziumOptions(namespace="r")
+    envelope._PREFIXES.clear()
+    envelope._KEY_PREFIXES.clear()
+    one_by_one = decode(records, options, lambda _: None)
+    assert envelope.known_prefixes("pg.public.people"), "the first read learns the topic's prefix"
+    in_bulk = decode(records, options, lambda _: None)
+    assert [t.identifier for t in in_bulk.tables] == [t.identifier for t in one_by_one.tables] == ["r.log", "r.people"]
+    for a, b in zip(one_by_one.tables, in_bulk.tables):
+        assert a.rows.equals(b.rows), a.identifier
+        assert (a.key, a.keyed, a.truncated_at) == (b.key, b.keyed, b.truncated_at)
+    assert in_bulk.skipped == one_by_one.skipped == {"tombstones": 10}
+    people_rows = in_bulk.tables[1].rows
+    assert PLACEHOLDER in people_rows.column("name").to_pylist()  # left for the keyed write to fill
