@@ -173,8 +173,9 @@ class _Records:
         return where(self.topics[i], self.partitions[i], self.offsets[i], i)
 
 
-def decode(records: pa.Table, options: DebeziumOptions, table_schema: TableSchema) -> Decoded:
-    """Every table's rows of a task's records (columns as options names them)."""
+def decode(records: pa.Table, options: DebeziumOptions, table_schema: TableSchema, *, bulk: bool = True) -> Decoded:
+    """Every table's rows of a task's records (columns as options names them). `bulk=False`
+    reads every record one by one (the tests hold the two ways to the same result)."""
     out = Decoded()
     n = records.num_rows
     if n == 0:
@@ -194,8 +195,8 @@ def decode(records: pa.Table, options: DebeziumOptions, table_schema: TableSchem
     if structured:
         _record_by_record(task, range(n), _struct_events(value), parts, connectors, skipped, table_schema)
     else:
-        bulk, single = _split(task, skipped)
-        for (topic, prefix, schema), (members, blob) in bulk.items():
+        groups, single = _split(task, skipped) if bulk else ({}, _present(task, skipped))
+        for (topic, prefix, schema), (members, blob) in groups.items():
             if not _in_bulk(task, topic, prefix, schema, members, blob, parts, connectors):
                 single += members.tolist()
         if single:
@@ -216,6 +217,14 @@ def _list(records: pa.Table, column: str | None, n: int) -> list[Any]:
     if column is None or column not in records.column_names:
         return [None] * n
     return records.column(column).to_pylist()
+
+
+def _present(task: _Records, skipped: dict[str, int]) -> list[int]:
+    """Every record with a value; tombstones counted."""
+    present = np.flatnonzero(task.values._valid)
+    if task.values.n - len(present):
+        skipped["tombstones"] = skipped.get("tombstones", 0) + task.values.n - len(present)
+    return present.tolist()
 
 
 def _split(task: _Records, skipped: dict[str, int]) -> tuple[dict[tuple[Any, bytes, bytes], tuple[np.ndarray, bytes]], list[int]]:
@@ -239,13 +248,24 @@ def _split(task: _Records, skipped: dict[str, int]) -> tuple[dict[tuple[Any, byt
     for code, name in enumerate(encoded.dictionary.to_pylist()):
         topic = None if name == "\x00" else name
         left = present[order[bounds[code] : bounds[code + 1]]]
-        for prefix, schema in known_prefixes(topic):
-            if not len(left):
+        tried: set[bytes] = set()
+        for _ in range(2):
+            for prefix, schema in known_prefixes(topic):
+                if not len(left) or prefix in tried:
+                    continue
+                tried.add(prefix)
+                mask, blob = _payloads(values.array.take(pa.array(left)), prefix)
+                if mask.any():
+                    bulk[(topic, prefix, schema)] = (left[mask], blob)
+                    left = left[~mask]
+            if len(left) < 2:
                 break
-            mask, blob = _payloads(values.array.take(pa.array(left)), prefix)
-            if mask.any():
-                bulk[(topic, prefix, schema)] = (left[mask], blob)
-                left = left[~mask]
+            # A topic this process has not read yet (or a new schema of it): its next record,
+            # read whole, teaches its prefix; the rest of the topic then goes in bulk.
+            try:
+                read_value(values[int(left[0])], topic, RECORD)
+            except DebeziumInputError:
+                break  # the record-by-record read names it
         single += left.tolist()
     return bulk, single
 
