@@ -396,3 +396,26 @@ def _close_catalog(warehouse: str) -> None:
         engine = getattr(cached, "engine", None)
         if engine is not None:
             engine.dispose()
+
+
+def test_table_names_from_a_template_and_a_tables_own_options(warehouse: str) -> None:
+    """Two schemas with a table of one name kept apart by `table_name`; one table partitioned
+    and sorted by its own options (`tables.<namespace>.<table>.*`)."""
+    pg = Connector("postgresql", "pg")
+    sales = SourceTable("shop", "sales", "items", (Column("id", "int32", optional=False), Column("day", "date")), ("id",))
+    stock = SourceTable("shop", "stock", "items", (Column("id", "int32", optional=False), Column("day", "date")), ("id",))
+    records = []
+    for t, i in ((sales, 1), (stock, 1), (sales, 2)):
+        made, _ = pg.change(t, "c", {"id": i, "day": dt.date(2024, 1, i)})
+        records += made
+        pg.advance()
+    replica = Replicator(warehouse, table_name="{schema}_{table}", **{
+        "tables.replica.sales_items.partition_by": "days(day)", "tables.replica.sales_items.sort_by": "id",
+    })
+    replica.run(records)
+    assert pyiceberg_rows(load(warehouse, "replica.sales_items"), ["id"]) == Counter({(1,): 1, (2,): 1})
+    assert pyiceberg_rows(load(warehouse, "replica.stock_items"), ["id"]) == Counter({(1,): 1})
+    table = load(warehouse, "replica.sales_items")
+    assert str(table.spec().fields[0].transform) == "day"
+    assert [f.source_id for f in table.sort_order().fields] == [table.schema().find_field("id").field_id]
+    assert not load(warehouse, "replica.stock_items").spec().fields
