@@ -74,6 +74,12 @@ class WriteOptions(TableTarget, frozen=True, kw_only=True):
     # A value meaning "unchanged, not sent" (Debezium's unavailable.value.placeholder for
     # unchanged TOASTed columns): a keyed write keeps the value the table holds for the key.
     unavailable_value: str | None = None
+    # Keep every version of each key (`__start_at`, `__end_at`): slowly changing dimensions,
+    # type 2. A change of the tracked columns (all but the key, the bounds and the sequence,
+    # unless `track_history_columns` or `track_history_except_columns` say) starts a version.
+    history: bool = False
+    track_history_columns: tuple[str, ...] | None = None
+    track_history_except_columns: tuple[str, ...] | None = None
     index_dir: str | None = None
     # A streaming query's checkpoint (Spark passes it to the sink): its committed batches
     # tell that the query wrote before.
@@ -94,6 +100,9 @@ _SIMPLE = {
     "delete_ops",
     "sequence_column",
     "unavailable_value",
+    "history",
+    "track_history_columns",
+    "track_history_except_columns",
     "index_dir",
     "maintenance",
     "progress",
@@ -290,6 +299,20 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
         kwargs["merge_schema"] = bool_option("merge_schema", values["merge_schema"])
     if "evolve_partition" in values:
         kwargs["evolve_partition"] = bool_option("evolve_partition", values["evolve_partition"])
+    if "history" in values:
+        kwargs["history"] = bool_option("history", values["history"])
+    tracked = {n: _csv(values[n]) for n in ("track_history_columns", "track_history_except_columns") if n in values}
+    if len(tracked) == 2:
+        raise OptionError(
+            "options 'track_history_columns' and 'track_history_except_columns' exclude each other: name the columns "
+            "whose changes start a version, or those whose changes do not"
+        )
+    for name, columns in tracked.items():
+        if not kwargs.get("history"):
+            raise OptionError(f"option '{name}' applies to history tables: give history=true too")
+        if not columns:
+            raise OptionError(f"option '{name}' names no column, got {values[name]!r}")
+        kwargs[name] = columns
     app_id, version = values.get("txn_app_id", "").strip(), values.get("txn_version")
     if bool(app_id) != (version is not None):
         given, missing = ("txn_app_id", "txn_version") if app_id else ("txn_version", "txn_app_id")

@@ -178,6 +178,7 @@ def _key_rules(plan: WritePlan, results: list[TaskResult]) -> KeyRules | None:
         key_columns=keyed.table_key_columns,
         sequence=keyed.table_sequence_columns,
         sequenced=bool(keyed.sequence_sources),
+        history=keyed.history is not None,
         tombstones=tuple(sorted(r.tombstones for r in results if r.tombstones)),
         deleted_keys=tuple(sorted(r.deleted_keys for r in results if r.deleted_keys)),
     )

@@ -74,6 +74,7 @@ class KeyRules:
     sequence: tuple[str, ...]  # the table's sequence columns (cdc with them stored in the table; () otherwise)
     sequenced: bool  # cdc with sequence columns, stored in the table or not
     tombstones: tuple[str, ...] = ()  # the batch's sequenced deletes (key columns + SEQUENCE...)
+    history: bool = False  # a history table: its rows are versions, not one live row per key
     deleted_keys: tuple[str, ...] = ()  # the batch's deletes without a sequence (key columns)
 
 
@@ -157,6 +158,11 @@ def redecide(
             _add_deletes(theirs, _read_keys_in(io, path, rules, touched, sequenced=True), order, sequenced=True)
     if not theirs.keys:
         return Redecision()
+    if rules.history:
+        raise _undecidable(
+            None, "the table keeps history, and the versions each commit wrote for those keys cannot be merged at commit "
+            "(each ended the version the other also ended)"
+        )
     if rules.sequenced and not rules.sequence:
         raise _undecidable(
             None, "the table does not store the sequence column, so the other commit's sequences are unknown "

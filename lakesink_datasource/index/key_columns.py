@@ -27,6 +27,9 @@ class KeyColumns:
     key: tuple[str, ...]
     sequence: tuple[str, ...] = ()  # the sequence columns, compared in order (): none, or not stored in the table
     route: KeyRoute | None = None  # the one key shard an index holds (None: every key)
+    # A history table's end column: only rows where it is null (each key's current version)
+    # are the key's; the others are versions that ended.
+    current: str | None = None
 
     def skips_file(self, path: str) -> bool:
         """A data file an index of one key shard need not read: it holds another shard's keys."""

@@ -46,10 +46,14 @@ def file_ref(metadata: TableMetadata, data_file: DataFile) -> str:
 def read_keys(io: FileIO, path: str, columns: KeyColumns, deletes: ManifestEntry | None) -> tuple[list[bytes], list[bytes] | None, np.ndarray]:
     """The encoded keys (and sequences) of a data file's rows `deletes` leaves visible, with
     each row's position."""
-    read = list(columns.key) + list(columns.sequence)
+    read = list(columns.key) + list(columns.sequence) + ([columns.current] if columns.current else [])
     with io.new_input(path).open() as stream:
         table = pq.read_table(stream, columns=read)
     table, positions = without_hidden_rows(io, table, deletes)
+    if columns.current is not None and table.num_rows:
+        # A history table: a key is its current version's (the ended ones are history).
+        current = table.column(columns.current).is_null()
+        table, positions = table.filter(current), np.asarray(positions)[np.asarray(current.to_numpy(zero_copy_only=False), dtype=bool)]
     # An index of one key shard holds only that shard's keys, whoever wrote the file.
     table, kept = columns.own_rows(table)
     if kept is not None:

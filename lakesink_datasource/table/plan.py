@@ -17,6 +17,17 @@ from lakesink_datasource.compaction.carried import CarriedCompaction
 from lakesink_datasource.options import WriteOptions
 
 
+class HistoryPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """A history table's columns (write/history.py)."""
+
+    start: str  # the table's __start_at
+    end: str  # the table's __end_at
+    tracked: tuple[str, ...]  # table columns whose change starts a version
+    data: tuple[str, ...]  # table columns a change may differ in (all but the key, bounds and sequence)
+    partial: bool  # some columns are not tracked (their changes update the current version in place)
+    at: float | None  # no sequence column: the batch's time (epoch seconds), where its versions start
+
+
 class KeyedPlan(msgspec.Struct, frozen=True, kw_only=True):
     """Column roles of a keyed write, by DataFrame name (sources) and table name."""
 
@@ -28,6 +39,7 @@ class KeyedPlan(msgspec.Struct, frozen=True, kw_only=True):
     # The rows carry cluster_by_key's route column: each task holds one key shard and opens
     # its host's index of that shard only (index/key_route.py).
     routed: bool = False
+    history: HistoryPlan | None = None  # history=true: every version of each key is kept
 
 
 class WritePlan(msgspec.Struct, frozen=True, kw_only=True):

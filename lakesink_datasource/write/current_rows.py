@@ -55,7 +55,7 @@ def read_current_rows(index: ShardedIndex, io: FileIO, keys: Sequence[bytes], sc
         path = decode_ref(index.file_path(ordinal)).path
         for i in which:
             paths[i] = path
-        parts.append(_read_positions(io, path, positions[which], schema))
+        parts.append(read_rows_at(io, path, positions[which], schema))
         order += which
     if not parts:
         return CurrentRows(present, _nulls(schema, n), paths, positions)
@@ -71,7 +71,7 @@ def _nulls(schema: pa.Schema, n: int) -> pa.Table:
     return pa.Table.from_arrays([pa.nulls(n, f.type) for f in schema], schema=schema)
 
 
-def _read_positions(io: FileIO, path: str, positions: np.ndarray, schema: pa.Schema) -> pa.Table:
+def read_rows_at(io: FileIO, path: str, positions: np.ndarray, schema: pa.Schema) -> pa.Table:
     """Rows at `positions` of one data file: only the row groups holding them are read."""
     try:
         with io.new_input(path).open() as stream:

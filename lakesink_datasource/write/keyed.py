@@ -33,11 +33,12 @@ from pyroaring import BitMap64
 
 from lakesink_datasource.arrays import take_items, unique_sorted
 from lakesink_datasource.catalog import loader
+from lakesink_datasource.iceberg.live_files import live_data_files
 from lakesink_datasource.iceberg.properties import TRUNCATED_BEFORE
 from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.for_write import TaskIndex, index_location, open_for_task
 from lakesink_datasource.index.key_columns import TOMBSTONE, KeyColumns, sequence_names
-from lakesink_datasource.index.key_encoding import key_hashes
+from lakesink_datasource.index.key_encoding import NullKeyError, encode_keys, key_hashes
 from lakesink_datasource.index.key_route import NO_ROUTE, ROUTE_COLUMN, KeyRoute, decode_route, key_fingerprint, misrouted_message
 from lakesink_datasource.index.location_codec import Found, pack_locations, pack_positions
 from lakesink_datasource.index.reindex import TombstonesUnreadable
@@ -47,7 +48,9 @@ from lakesink_datasource.messages import PositionDeletesMessage
 from lakesink_datasource.schema.arrow_align import BatchAligner
 from lakesink_datasource.table.plan import WritePlan, write_spec
 from lakesink_datasource.table.tombstone_table import companion_identifier, read_stored
-from lakesink_datasource.write.changes import Changes, KeyedInputError, resolve_changes
+from lakesink_datasource.write.changes import Changes, KeyedInputError, op_kinds, resolve_changes
+from lakesink_datasource.write.current_rows import read_rows_at
+from lakesink_datasource.write.history import Versions, scan_versions, take_rows, with_bounds
 
 
 def tombstone_reader(plan: WritePlan) -> Callable[[], pa.Table | None]:
@@ -74,7 +77,10 @@ def open_task_index(
     assert plan.keyed is not None
     return open_for_task(
         index_location(plan.options.index_dir, metadata, route, writer=query_id), io, metadata,
-        KeyColumns(plan.keyed.table_key_columns, plan.keyed.table_sequence_columns, route),
+        KeyColumns(
+            plan.keyed.table_key_columns, plan.keyed.table_sequence_columns, route,
+            current=plan.keyed.history.end if plan.keyed.history is not None else None,
+        ),
         write_id=plan.write_id, partition_id=partition_id, attempt=attempt, stored=tombstone_reader(plan),
     )
 
@@ -119,8 +125,13 @@ class KeyedWriter:
         splitter: PartitionSplitter,
         aligner: BatchAligner,
         route: KeyRoute | None = None,
+        io: FileIO | None = None,
     ):
+        """`io`: the table's FileIO (a history table reads its versions' rows)."""
         assert plan.keyed is not None
+        self._metadata = metadata
+        self._io = io
+        self._committed: set[str] | None = None  # the planned snapshot's data files (history tables)
         self._route = route if route is not None and route.by_text else None  # whose keys are checked row by row
         self._plan = plan
         self._keyed = plan.keyed
@@ -163,6 +174,9 @@ class KeyedWriter:
     def write(self, batch: pa.RecordBatch) -> None:
         """Apply one chunk: one lock round and one index transaction for all of its keys."""
         if batch.num_rows == 0:
+            return
+        if self._keyed.history is not None:
+            self._write_history(batch)
             return
         keyed = self._keyed
         aligned = self._aligner.align(batch)
@@ -215,6 +229,239 @@ class KeyedWriter:
         self._index.transact(self._token, changes.keys, decide)
         self.lookup_seconds += time.perf_counter() - started
         self._writer.flush_pending()  # Parquet encoding outside the lock
+
+    # -- history tables (write/history.py) ------------------------------------------------
+
+    def _write_history(self, batch: pa.RecordBatch) -> None:
+        """A history table's chunk (the task's whole input: a key's versions must not be in
+        files the task is still writing): each key's changes applied to its versions."""
+        keyed, history = self._keyed, self._keyed.history
+        assert history is not None
+        aligned = self._aligner.align(batch)
+        resolution = self._resolution_table(batch, aligned)
+        if self._route is not None:
+            self._check_text_route(self._route, resolution)
+        n = aligned.num_rows
+        names = list(keyed.table_key_columns)
+        try:
+            keys = encode_keys([aligned.column(c) for c in names], names=names)
+        except NullKeyError as exc:
+            raise KeyedInputError(f"primary key column '{exc.column_name}' has {exc.null_count} null value(s)") from None
+        sequences: list[bytes] | None = None
+        if keyed.sequence_sources:
+            try:
+                sequences = encode_keys([resolution.column(c) for c in keyed.sequence_sources], names=list(keyed.sequence_sources))
+            except NullKeyError as exc:
+                raise KeyedInputError(f"sequence column '{exc.column_name}' has {exc.null_count} null value(s)") from None
+        deleting = op_kinds(resolution.column(keyed.op_source), keyed.op_source, self._plan.options.delete_ops) if keyed.op_source else np.zeros(n, dtype=bool)
+        bounds = self._history_bounds(aligned, resolution, n)
+        # One change per key and sequence (the later row of equal ones), in sequence order.
+        columns = {"k": pa.array(keys, pa.binary()), **({"s": pa.array(sequences, pa.binary())} if sequences is not None else {})}
+        columns["r"] = pa.array(np.arange(n, dtype=np.int64))
+        order = pc.sort_indices(pa.table(columns), sort_keys=[(c, "ascending") for c in columns]).to_numpy()
+        if self._truncated_before is not None and sequences is not None:
+            order = order[np.fromiter((sequences[i] >= self._truncated_before for i in order.tolist()), dtype=bool, count=len(order))]
+        per_key: dict[bytes, list[tuple[int, bytes | None, bool]]] = {}
+        for i in order.tolist():
+            changes = per_key.setdefault(keys[i], [])
+            seq = sequences[i] if sequences is not None else None
+            if changes and seq is not None and changes[-1][1] == seq:
+                changes[-1] = (i, seq, bool(deleting[i]))
+            elif changes and seq is None:
+                changes[-1] = (i, seq, bool(deleting[i]))  # no sequence: the task's last row of a key wins
+            else:
+                changes.append((i, seq, bool(deleting[i])))
+        unique = sorted(per_key)
+        if not unique:
+            return
+        self._hashes.append(key_hashes(unique))
+        started = time.perf_counter()
+
+        def decide(which: np.ndarray, found: Found, ordinal_of: Callable[[str], int]) -> tuple[np.ndarray, list[bytes | None]]:
+            return self._decide_history(aligned, resolution, bounds, [unique[i] for i in which.tolist()], per_key, found, ordinal_of)
+
+        self._index.transact(self._token, unique, decide)
+        self.lookup_seconds += time.perf_counter() - started
+        self._writer.flush_pending()
+
+    def _history_bounds(self, aligned: pa.Table, resolution: pa.Table, n: int) -> pa.Array:
+        """Where each change's version starts: its first sequence column (in the table's type),
+        or the batch's time."""
+        keyed, history = self._keyed, self._keyed.history
+        assert history is not None
+        kind = aligned.schema.field(history.start).type
+        if keyed.table_sequence_columns:
+            column = aligned.column(keyed.table_sequence_columns[0])
+        elif keyed.sequence_sources:
+            column = resolution.column(keyed.sequence_sources[0])
+        else:
+            return pa.array([int((history.at or time.time()) * 1_000_000)] * n, pa.int64()).cast(pa.timestamp("us", tz="UTC")).cast(kind)
+        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        return column.cast(kind) if column.type != kind else column
+
+    def _decide_history(
+        self, aligned: pa.Table, resolution: pa.Table, bounds: pa.Array, keys: list[bytes],
+        per_key: dict[bytes, list[tuple[int, bytes | None, bool]]], found: Found, ordinal_of: Callable[[str], int],
+    ) -> tuple[np.ndarray, list[bytes | None]]:
+        """One shard's keys (write/history.py): their versions as they stand, read from the
+        table, and what their changes make of them."""
+        history = self._keyed.history
+        assert history is not None
+        schema = aligned.schema
+        live = found.present & (found.ordinal != TOMBSTONE)
+        last = [found.sequence[i] if found.sequence is not None and found.present[i] else None for i in range(len(keys))]
+        # The existing versions: each key's current one, and every one of keys a late change reaches.
+        places: list[tuple[int, int]] = []  # (ordinal, position) per existing row
+        owners: list[int] = []  # the key (index into `keys`) per existing row
+        for i in np.flatnonzero(live).tolist():
+            places.append((int(found.ordinal[i]), int(found.position[i])))
+            owners.append(i)
+        late = {
+            k for i, k in enumerate(keys)
+            if last[i] is not None and any(seq is not None and seq < last[i] for _, seq, _ in per_key[k])  # type: ignore[operator]
+        }
+        if late:
+            at = {k: i for i, k in enumerate(keys)}
+            for data_file, positions, file_keys in self._scan_versions(late):
+                ordinal = ordinal_of(data_file)
+                for position, key in zip(positions.tolist(), file_keys):
+                    if (ordinal, position) not in places:
+                        places.append((ordinal, position))
+                        owners.append(at[key])
+        self._refuse_in_flight(places)
+        existing = self._read_rows(places, schema)
+        versions = Versions(
+            aligned, existing, bounds, history.start, history.end, history.tracked, history.data, history.partial,
+        )
+        out_rows: list[tuple[int, int, int]] = []  # (value, start, end) into Versions' values and bounds
+        indexed: list[tuple[int, int]] = []  # (key, its row in out_rows)
+        hidden: list[int] = []
+        changed: list[int] = []
+        values: list[bytes | None] = []
+        # (key, a change row of it, its last sequence): the key left without a current version
+        tombstones: list[tuple[int, int, bytes | None]] = []
+        by_key: dict[int, list[int]] = {}
+        for row, owner in enumerate(owners):
+            by_key.setdefault(owner, []).append(row)
+        for i, key in enumerate(keys):
+            before = [versions.existing_version(r) for r in by_key.get(i, ())]
+            outcome = versions.apply(before, last[i], per_key[key])
+            for v in outcome.versions:
+                if v.existing is None or v.changed:
+                    if v.existing is not None:
+                        hidden.append(v.existing)
+                    out_rows.append((v.value, v.start, v.end))
+                    if v.end == versions.open:
+                        indexed.append((i, len(out_rows) - 1))
+            hidden += outcome.dropped
+            has_current = any(v.end == versions.open for v in outcome.versions)
+            if not has_current and (live[i] or outcome.last != last[i]):
+                # The tombstone file holds the change that left the key deleted (its sequence).
+                row = next((r for r, seq, _ in per_key[key] if seq == outcome.last), per_key[key][-1][0])
+                tombstones.append((i, row, outcome.last))
+        self._hide_existing(hidden, places)
+        written = self._write_versions(aligned, existing, versions, out_rows, indexed, keys, per_key, ordinal_of)
+        for i, packed in written:
+            changed.append(i)
+            values.append(packed)
+        for i, row, final in tombstones:
+            changed.append(i)
+            if final is not None:
+                values += pack_positions(TOMBSTONE, np.zeros(1, dtype=np.uint64), [final])
+                names = list(self._keyed.table_key_columns)
+                picked = resolution.take(pa.array([row]))
+                self._tombstones.append(
+                    picked.select([*names, *self._keyed.sequence_sources]).rename_columns([*names, *sequence_names(len(self._keyed.sequence_sources))])
+                )
+                self.tombstone_max = max(final, self.tombstone_max) if self.tombstone_max is not None else final
+            else:
+                values.append(None)
+                self._deleted.append(resolution.take(pa.array([row])).select(list(self._keyed.table_key_columns)))
+            self.rows_deleted += 1
+        return np.asarray(changed, dtype=np.int64), values
+
+    def _scan_versions(self, late: set[bytes]) -> list[tuple[str, np.ndarray, list[bytes]]]:
+        """Every version of the keys a late change reaches, from the planned snapshot's files:
+        (the file's index name, positions, keys)."""
+        from lakesink_datasource.index.reindex import file_ref
+
+        metadata, io = self._metadata, self._io
+        assert io is not None
+        snapshot = metadata.current_snapshot()
+        refs = {e.data_file.file_path: file_ref(metadata, e.data_file) for e in live_data_files(io, snapshot)}
+        return [(refs[path], positions, keys) for path, positions, keys in scan_versions(io, metadata, self._keyed.table_key_columns, late)]
+
+    def _refuse_in_flight(self, places: list[tuple[int, int]]) -> None:
+        """A key's current version written by another task of this batch is in a file still
+        being written: its versions cannot be decided here (a key's changes must stay in one
+        task, as a Kafka partition keeps them)."""
+        if not places:
+            return
+        if self._committed is None:
+            self._committed = {e.data_file.file_path for e in live_data_files(self._io, self._metadata.current_snapshot())}  # type: ignore[arg-type]
+        for ordinal in {o for o, _ in places}:
+            path = decode_ref(self._index.file_path(ordinal)).path
+            if path not in self._committed:
+                raise KeyedInputError(
+                    f"a key of history table {self._plan.identifier} was changed by two tasks of this batch (its current "
+                    f"version is in {path}, which another task is writing): a key's changes must reach one task, as Debezium's "
+                    "Kafka partitioning by key keeps them (repartition the input by the key, or use cluster_by_key). Nothing "
+                    "was written"
+                )
+
+    def _read_rows(self, places: list[tuple[int, int]], schema: pa.Schema) -> pa.Table:
+        """The rows at (ordinal, position) places, in that order, as the table's columns."""
+        if not places:
+            return pa.Table.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
+        by_file: dict[int, list[int]] = {}
+        for j, (ordinal, _) in enumerate(places):
+            by_file.setdefault(ordinal, []).append(j)
+        parts, order = [], []
+        for ordinal, which in by_file.items():
+            path = decode_ref(self._index.file_path(ordinal)).path
+            assert self._io is not None
+            parts.append(read_rows_at(self._io, path, np.array([places[j][1] for j in which], dtype=np.int64), schema))
+            order += which
+        rows = pa.concat_tables(parts)
+        back = np.empty(len(order), dtype=np.int64)
+        back[np.asarray(order, dtype=np.int64)] = np.arange(len(order))
+        return rows.take(pa.array(back))
+
+    def _hide_existing(self, hidden: list[int], places: list[tuple[int, int]]) -> None:
+        if hidden:
+            chosen = [places[j] for j in hidden]
+            self._hide(np.array([o for o, _ in chosen], dtype=np.int64), np.array([p for _, p in chosen], dtype=np.int64))
+
+    def _write_versions(
+        self, aligned: pa.Table, existing: pa.Table, versions: Versions, out_rows: list[tuple[int, int, int]],
+        indexed: list[tuple[int, int]], keys: list[bytes], per_key: dict[bytes, list[tuple[int, bytes | None, bool]]],
+        ordinal_of: Callable[[str], int],
+    ) -> list[tuple[int, bytes | None]]:
+        """Write the versions that changed; the index entries of the current ones."""
+        history = self._keyed.history
+        assert history is not None
+        if not out_rows:
+            return []
+        rows = take_rows(aligned, existing, [v for v, _, _ in out_rows])
+        starts = versions.bounds.take(pa.array([s for _, s, _ in out_rows], pa.int64()))
+        ends = versions.bounds.take(pa.array([e for _, _, e in out_rows], pa.int64()))
+        rows = with_bounds(rows, history.start, history.end, starts, ends)
+        current = {r: i for i, r in indexed}
+        others = [r for r in range(len(out_rows)) if r not in current]
+        if others:
+            self._place(rows.take(pa.array(others, pa.int64())), np.zeros(len(others), dtype=np.int64), None, ordinal_of)
+        if not indexed:
+            return []
+        chosen = [r for _, r in indexed]
+        key_of = [i for i, _ in indexed]
+        # The sequence each key's index entry keeps: its last change's (a late change leaves it).
+        sequences = [self._last_sequence(per_key[keys[i]]) for i in key_of] if self._keyed.sequence_sources else None
+        placed, packed = self._place(rows.take(pa.array(chosen, pa.int64())), np.arange(len(chosen), dtype=np.int64), sequences, ordinal_of)  # type: ignore[arg-type]
+        return [(key_of[int(c)], p) for c, p in zip(placed.tolist(), packed)]
+
+    @staticmethod
+    def _last_sequence(changes: list[tuple[int, bytes | None, bool]]) -> bytes | None:
+        return max((seq for _, seq, _ in changes if seq is not None), default=None)
 
     def _check_text_route(self, route: KeyRoute, resolution: pa.Table) -> None:
         """Refuse rows whose key, in the table's types, belongs to another shard than the one

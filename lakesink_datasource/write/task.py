@@ -245,7 +245,7 @@ def write_task(
     try:
         if plan.keyed is not None and not plan.keyed.routed:
             task_index = open_task_index(plan, metadata, io, partition_id=who.partition_id, attempt=who.attempt, query_id=who.query_id)
-            keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner)
+            keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner, io=io)
             if plan.options.unavailable_value is not None:
                 batches = _with_unchanged_values(batches, plan, aligner, task_index, io)
         elif plan.keyed is not None and plan.options.unavailable_value is not None:
@@ -258,11 +258,15 @@ def write_task(
                 task_index = open_task_index(
                     plan, metadata, io, partition_id=who.partition_id, attempt=who.attempt, route=route, query_id=who.query_id
                 )
-                keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner, route)
+                keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner, route, io=io)
                 batches = _with_unchanged_values(iter(gathered), plan, aligner, task_index, io)
         # Concatenating Spark's batches only pays where they are split (by partition or by key);
         # an unpartitioned append buffers them as they come (the writer keeps each once).
         chunk_rows = CHUNK_ROWS if plan.keyed is not None or not splitter.is_unpartitioned else 1
+        if plan.keyed is not None and plan.keyed.history is not None:
+            # A history table's key may change several times in a task: its versions must all
+            # be decided at once (a version written by an earlier chunk is not in a file yet).
+            chunk_rows = 1 << 62
         for batch in _chunks(batches, chunk_rows):
             rows_in += batch.num_rows
             if plan.keyed is not None and plan.keyed.routed:
@@ -274,7 +278,7 @@ def write_task(
                     task_index = open_task_index(
                         plan, metadata, io, partition_id=who.partition_id, attempt=who.attempt, route=route, query_id=who.query_id
                     )
-                    keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner, route)
+                    keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner, route, io=io)
             t0 = time.perf_counter()
             if keyed is not None:
                 keyed.write(batch)
