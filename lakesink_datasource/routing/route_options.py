@@ -44,10 +44,12 @@ class RoutingOptions(msgspec.Struct, frozen=True, kw_only=True):
     # cdc_format=debezium: the records are Debezium's, read from Spark's Kafka columns.
     debezium: DebeziumOptions | None = None
 
-    def table_options(self, identifier: str, derived: Mapping[str, str] | None = None) -> WriteOptions:
+    def table_options(self, identifier: str, derived: Mapping[str, str] | None = None, without: tuple[str, ...] = ()) -> WriteOptions:
         """The write options of one table: the common ones, its own over them, and what its
-        events decide (`derived`: with cdc_format, its key, op and order) over both."""
-        raw = {**self.common, **self.per_table.get(identifier, {}), **(derived or {}), "table": identifier}
+        events decide (`derived`: with cdc_format, its key, op and order) over both; options
+        named in `without` left out (what a change log cannot take)."""
+        given = {**self.common, **self.per_table.get(identifier, {})}
+        raw = {**{k: v for k, v in given.items() if k.lower() not in without}, **(derived or {}), "table": identifier}
         try:
             return parse_options(raw)
         except OptionError as exc:

@@ -149,7 +149,9 @@ def _debezium_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> t
             )
         own = write.options.table_options(part.identifier)
         derived = _derived_options(part, keyed, own)
-        options = write.options.table_options(part.identifier, derived)
+        # A change log appends its events: what only keyed tables take is left out.
+        without = () if keyed else ("history", "track_history_columns", "track_history_except_columns", "unavailable_value")
+        options = write.options.table_options(part.identifier, derived, without)
         rows = part.rows if keyed or ROUTE_COLUMN not in part.rows.column_names else part.rows.drop_columns([ROUTE_COLUMN])
         clustered = ROUTE_COLUMN in rows.column_names
         try:
@@ -175,7 +177,7 @@ def _derived_options(part: DecodedTable, keyed: bool, own: WriteOptions) -> dict
     source's log (its op and position), a table without a key appends its events. A new field
     of the source adds a column (the source changed: no merge_schema needed)."""
     if not keyed:
-        return {"operation": "append", "merge_schema": "true", "unavailable_value": ""}
+        return {"operation": "append", "merge_schema": "true"}
     derived = {"operation": "cdc", "op_column": OP_COLUMN, "sequence_column": POSITION_COLUMN, "merge_schema": "true"}
     if part.key:
         derived["primary_key"] = ",".join(part.key)
