@@ -71,17 +71,45 @@ def _nulls(schema: pa.Schema, n: int) -> pa.Table:
     return pa.Table.from_arrays([pa.nulls(n, f.type) for f in schema], schema=schema)
 
 
-def read_rows_at(io: FileIO, path: str, positions: np.ndarray, schema: pa.Schema) -> pa.Table:
-    """Rows at `positions` of one data file: only the row groups holding them are read."""
+class RowGroups:
+    """Row groups read while deciding one chunk, kept for the chunk: the key index's shards
+    are decided one after another, and their keys' rows share files."""
+
+    def __init__(self) -> None:
+        self._groups: dict[tuple[str, int], pa.Table] = {}
+        self._sizes: dict[str, np.ndarray] = {}
+        self._names: dict[str, list[str]] = {}
+
+    def read(self, io: FileIO, path: str, groups: list[int], names: list[str], sizes: np.ndarray) -> list[pa.Table]:
+        missing = [g for g in groups if (path, g) not in self._groups]
+        if missing:
+            with io.new_input(path).open() as stream:
+                parquet = pq.ParquetFile(stream)
+                for g in missing:
+                    self._groups[(path, g)] = parquet.read_row_group(g, columns=names)
+        return [self._groups[(path, g)] for g in groups]
+
+    def sizes(self, io: FileIO, path: str) -> tuple[np.ndarray, list[str]]:
+        """A file's row group sizes and column names (its footer, read once)."""
+        if path not in self._sizes:
+            with io.new_input(path).open() as stream:
+                meta = pq.ParquetFile(stream)
+                self._sizes[path] = np.array([meta.metadata.row_group(g).num_rows for g in range(meta.metadata.num_row_groups)], dtype=np.int64)
+                self._names[path] = meta.schema_arrow.names
+        return self._sizes[path], self._names[path]
+
+
+def read_rows_at(io: FileIO, path: str, positions: np.ndarray, schema: pa.Schema, cache: RowGroups | None = None) -> pa.Table:
+    """Rows at `positions` of one data file: only the row groups holding them are read (once
+    per `cache`)."""
+    cache = cache if cache is not None else RowGroups()
     try:
-        with io.new_input(path).open() as stream:
-            parquet = pq.ParquetFile(stream)
-            sizes = np.array([parquet.metadata.row_group(g).num_rows for g in range(parquet.metadata.num_row_groups)], dtype=np.int64)
-            starts = np.concatenate([[0], np.cumsum(sizes)])
-            groups = np.searchsorted(starts, positions, side="right") - 1
-            wanted = sorted(set(groups.tolist()))
-            names = [f.name for f in schema if f.name in parquet.schema_arrow.names]
-            read = parquet.read_row_groups(wanted, columns=names)
+        sizes, present = cache.sizes(io, path)
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        groups = np.searchsorted(starts, positions, side="right") - 1
+        wanted = sorted(set(groups.tolist()))
+        names = [f.name for f in schema if f.name in present]
+        read = pa.concat_tables(cache.read(io, path, wanted, names, sizes))
     except FileNotFoundError:
         raise KeyedInputError(
             f"the key index points a key at {path}, which is not there: a task of this batch on this host is writing it "

@@ -17,6 +17,7 @@ Decision per key (the model: live rows are a map key -> latest row):
 
 from __future__ import annotations
 
+import gc
 import operator
 import time
 from collections import defaultdict
@@ -49,8 +50,8 @@ from lakesink_datasource.schema.arrow_align import BatchAligner
 from lakesink_datasource.table.plan import WritePlan, write_spec
 from lakesink_datasource.table.tombstone_table import companion_identifier, read_stored
 from lakesink_datasource.write.changes import Changes, KeyedInputError, op_kinds, resolve_changes
-from lakesink_datasource.write.current_rows import read_rows_at
-from lakesink_datasource.write.history import Versions, scan_versions, take_rows, with_bounds
+from lakesink_datasource.write.current_rows import RowGroups, read_rows_at
+from lakesink_datasource.write.history import Decision, Runs, Versions, decide, scan_versions, take_rows, with_bounds
 
 
 def tombstone_reader(plan: WritePlan) -> Callable[[], pa.Table | None]:
@@ -255,32 +256,30 @@ class KeyedWriter:
                 raise KeyedInputError(f"sequence column '{exc.column_name}' has {exc.null_count} null value(s)") from None
         deleting = op_kinds(resolution.column(keyed.op_source), keyed.op_source, self._plan.options.delete_ops) if keyed.op_source else np.zeros(n, dtype=bool)
         bounds = self._history_bounds(aligned, resolution, n)
-        # One change per key and sequence (the later row of equal ones), in sequence order.
-        columns = {"k": pa.array(keys, pa.binary()), **({"s": pa.array(sequences, pa.binary())} if sequences is not None else {})}
-        columns["r"] = pa.array(np.arange(n, dtype=np.int64))
-        order = pc.sort_indices(pa.table(columns), sort_keys=[(c, "ascending") for c in columns]).to_numpy()
+        keep = None
         if self._truncated_before is not None and sequences is not None:
-            order = order[np.fromiter((sequences[i] >= self._truncated_before for i in order.tolist()), dtype=bool, count=len(order))]
-        per_key: dict[bytes, list[tuple[int, bytes | None, bool]]] = {}
-        for i in order.tolist():
-            changes = per_key.setdefault(keys[i], [])
-            seq = sequences[i] if sequences is not None else None
-            if changes and seq is not None and changes[-1][1] == seq:
-                changes[-1] = (i, seq, bool(deleting[i]))
-            elif changes and seq is None:
-                changes[-1] = (i, seq, bool(deleting[i]))  # no sequence: the task's last row of a key wins
-            else:
-                changes.append((i, seq, bool(deleting[i])))
-        unique = sorted(per_key)
-        if not unique:
+            floor = self._truncated_before
+            keep = np.fromiter((s >= floor for s in sequences), dtype=bool, count=n)
+        runs = Runs(keys, sequences, deleting, keep)
+        if not runs.keys:
             return
-        self._hashes.append(key_hashes(unique))
+        self._hashes.append(key_hashes(runs.keys))
         started = time.perf_counter()
+        # Row groups read for one shard are kept for the next ones: the shards' keys share files.
+        groups = RowGroups()
 
         def decide(which: np.ndarray, found: Found, ordinal_of: Callable[[str], int]) -> tuple[np.ndarray, list[bytes | None]]:
-            return self._decide_history(aligned, resolution, bounds, [unique[i] for i in which.tolist()], per_key, found, ordinal_of)
+            return self._decide_history(aligned, resolution, bounds, runs, which, found, ordinal_of, groups)
 
-        self._index.transact(self._token, unique, decide)
+        # Deciding makes objects per key and keeps them until written: the collector's full
+        # passes over a chunk's keys would cost more than the deciding (nothing is cyclic).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._index.transact(self._token, runs.keys, decide)
+        finally:
+            if collecting:
+                gc.enable()
         self.lookup_seconds += time.perf_counter() - started
         self._writer.flush_pending()
 
@@ -300,14 +299,15 @@ class KeyedWriter:
         return column.cast(kind) if column.type != kind else column
 
     def _decide_history(
-        self, aligned: pa.Table, resolution: pa.Table, bounds: pa.Array, keys: list[bytes],
-        per_key: dict[bytes, list[tuple[int, bytes | None, bool]]], found: Found, ordinal_of: Callable[[str], int],
+        self, aligned: pa.Table, resolution: pa.Table, bounds: pa.Array, runs: Runs, which: np.ndarray, found: Found,
+        ordinal_of: Callable[[str], int], groups: RowGroups,
     ) -> tuple[np.ndarray, list[bytes | None]]:
         """One shard's keys (write/history.py): their versions as they stand, read from the
         table, and what their changes make of them."""
         history = self._keyed.history
         assert history is not None
         schema = aligned.schema
+        keys = [runs.keys[i] for i in which.tolist()]
         live = found.present & (found.ordinal != TOMBSTONE)
         last = [found.sequence[i] if found.sequence is not None and found.present[i] else None for i in range(len(keys))]
         # The existing versions: each key's current one, and every one of keys a late change reaches.
@@ -316,55 +316,32 @@ class KeyedWriter:
         for i in np.flatnonzero(live).tolist():
             places.append((int(found.ordinal[i]), int(found.position[i])))
             owners.append(i)
-        late = {
-            k for i, k in enumerate(keys)
-            if last[i] is not None and any(seq is not None and seq < last[i] for _, seq, _ in per_key[k])  # type: ignore[operator]
-        }
-        if late:
-            at = {k: i for i, k in enumerate(keys)}
-            for data_file, positions, file_keys in self._scan_versions(late):
+        late = np.zeros(len(keys), dtype=bool)
+        for i in np.flatnonzero(np.asarray([x is not None for x in last], dtype=bool)).tolist():
+            first = runs.rows[runs.first[which[i]]]
+            seq = runs.sequence(int(first))  # a key's changes are in sequence order: its first is its oldest
+            late[i] = seq is not None and seq < last[i]
+        if late.any():
+            at = {keys[i]: i for i in np.flatnonzero(late).tolist()}
+            seen = set(places)
+            for data_file, positions, file_keys in self._scan_versions(set(at)):
                 ordinal = ordinal_of(data_file)
                 for position, key in zip(positions.tolist(), file_keys):
-                    if (ordinal, position) not in places:
+                    if (ordinal, position) not in seen:
+                        seen.add((ordinal, position))
                         places.append((ordinal, position))
                         owners.append(at[key])
         self._refuse_in_flight(places)
-        existing = self._read_rows(places, schema)
-        versions = Versions(
-            aligned, existing, bounds, history.start, history.end, history.tracked, history.data, history.partial,
-        )
-        out_rows: list[tuple[int, int, int]] = []  # (value, start, end) into Versions' values and bounds
-        indexed: list[tuple[int, int]] = []  # (key, its row in out_rows)
-        hidden: list[int] = []
-        changed: list[int] = []
-        values: list[bytes | None] = []
-        # (key, a change row of it, its last sequence): the key left without a current version
-        tombstones: list[tuple[int, int, bytes | None]] = []
-        by_key: dict[int, list[int]] = {}
+        existing = self._read_rows(places, schema, groups)
+        versions = Versions(aligned, existing, bounds, history.start, history.end, history.tracked, history.data, history.partial)
+        existing_of: dict[int, list[int]] = {}
         for row, owner in enumerate(owners):
-            by_key.setdefault(owner, []).append(row)
-        for i, key in enumerate(keys):
-            before = [versions.existing_version(r) for r in by_key.get(i, ())]
-            outcome = versions.apply(before, last[i], per_key[key])
-            for v in outcome.versions:
-                if v.existing is None or v.changed:
-                    if v.existing is not None:
-                        hidden.append(v.existing)
-                    out_rows.append((v.value, v.start, v.end))
-                    if v.end == versions.open:
-                        indexed.append((i, len(out_rows) - 1))
-            hidden += outcome.dropped
-            has_current = any(v.end == versions.open for v in outcome.versions)
-            if not has_current and (live[i] or outcome.last != last[i]):
-                # The tombstone file holds the change that left the key deleted (its sequence).
-                row = next((r for r, seq, _ in per_key[key] if seq == outcome.last), per_key[key][-1][0])
-                tombstones.append((i, row, outcome.last))
-        self._hide_existing(hidden, places)
-        written = self._write_versions(aligned, existing, versions, out_rows, indexed, keys, per_key, ordinal_of)
-        for i, packed in written:
-            changed.append(i)
-            values.append(packed)
-        for i, row, final in tombstones:
+            existing_of.setdefault(owner, []).append(row)
+        decision = decide(versions, runs, which, last, live, existing_of, late)
+        self._hide_existing(decision.hidden.tolist(), places)
+        written, values = self._write_versions(aligned, existing, versions, decision, ordinal_of)
+        changed: list[int] = written.tolist()
+        for i, row, final in decision.tombstones:
             changed.append(i)
             if final is not None:
                 values += pack_positions(TOMBSTONE, np.zeros(1, dtype=np.uint64), [final])
@@ -409,7 +386,7 @@ class KeyedWriter:
                     "was written"
                 )
 
-    def _read_rows(self, places: list[tuple[int, int]], schema: pa.Schema) -> pa.Table:
+    def _read_rows(self, places: list[tuple[int, int]], schema: pa.Schema, groups: RowGroups | None = None) -> pa.Table:
         """The rows at (ordinal, position) places, in that order, as the table's columns."""
         if not places:
             return pa.Table.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
@@ -420,7 +397,7 @@ class KeyedWriter:
         for ordinal, which in by_file.items():
             path = decode_ref(self._index.file_path(ordinal)).path
             assert self._io is not None
-            parts.append(read_rows_at(self._io, path, np.array([places[j][1] for j in which], dtype=np.int64), schema))
+            parts.append(read_rows_at(self._io, path, np.array([places[j][1] for j in which], dtype=np.int64), schema, groups))
             order += which
         rows = pa.concat_tables(parts)
         back = np.empty(len(order), dtype=np.int64)
@@ -433,35 +410,27 @@ class KeyedWriter:
             self._hide(np.array([o for o, _ in chosen], dtype=np.int64), np.array([p for _, p in chosen], dtype=np.int64))
 
     def _write_versions(
-        self, aligned: pa.Table, existing: pa.Table, versions: Versions, out_rows: list[tuple[int, int, int]],
-        indexed: list[tuple[int, int]], keys: list[bytes], per_key: dict[bytes, list[tuple[int, bytes | None, bool]]],
-        ordinal_of: Callable[[str], int],
-    ) -> list[tuple[int, bytes | None]]:
-        """Write the versions that changed; the index entries of the current ones."""
+        self, aligned: pa.Table, existing: pa.Table, versions: Versions, decision: Decision, ordinal_of: Callable[[str], int],
+    ) -> tuple[np.ndarray, list[bytes | None]]:
+        """Write the versions that changed; the keys of the current ones and their index entries
+        (each keeps its key's last sequence)."""
         history = self._keyed.history
         assert history is not None
-        if not out_rows:
-            return []
-        rows = take_rows(aligned, existing, [v for v, _, _ in out_rows])
-        starts = versions.bounds.take(pa.array([s for _, s, _ in out_rows], pa.int64()))
-        ends = versions.bounds.take(pa.array([e for _, _, e in out_rows], pa.int64()))
-        rows = with_bounds(rows, history.start, history.end, starts, ends)
-        current = {r: i for i, r in indexed}
-        others = [r for r in range(len(out_rows)) if r not in current]
-        if others:
-            self._place(rows.take(pa.array(others, pa.int64())), np.zeros(len(others), dtype=np.int64), None, ordinal_of)
-        if not indexed:
-            return []
-        chosen = [r for _, r in indexed]
-        key_of = [i for i, _ in indexed]
-        # The sequence each key's index entry keeps: its last change's (a late change leaves it).
-        sequences = [self._last_sequence(per_key[keys[i]]) for i in key_of] if self._keyed.sequence_sources else None
-        placed, packed = self._place(rows.take(pa.array(chosen, pa.int64())), np.arange(len(chosen), dtype=np.int64), sequences, ordinal_of)  # type: ignore[arg-type]
-        return [(key_of[int(c)], p) for c, p in zip(placed.tolist(), packed)]
-
-    @staticmethod
-    def _last_sequence(changes: list[tuple[int, bytes | None, bool]]) -> bytes | None:
-        return max((seq for _, seq, _ in changes if seq is not None), default=None)
+        none = np.zeros(0, dtype=np.int64)
+        if not len(decision.values):
+            return none, []
+        rows = take_rows(aligned, existing, decision.values.tolist())
+        rows = with_bounds(rows, history.start, history.end, versions.bounds.take(pa.array(decision.starts)), versions.bounds.take(pa.array(decision.ends)))
+        ended = np.flatnonzero(~decision.current)
+        if len(ended):
+            self._place(rows.take(pa.array(ended)), np.zeros(len(ended), dtype=np.int64), None, ordinal_of)
+        chosen = np.flatnonzero(decision.current)
+        if not len(chosen):
+            return none, []
+        key_of = decision.owner[chosen]
+        sequences = take_items(decision.last, key_of) if self._keyed.sequence_sources else None
+        placed, packed = self._place(rows.take(pa.array(chosen)), np.arange(len(chosen), dtype=np.int64), sequences, ordinal_of)  # type: ignore[arg-type]
+        return key_of[placed], packed
 
     def _check_text_route(self, route: KeyRoute, resolution: pa.Table) -> None:
         """Refuse rows whose key, in the table's types, belongs to another shard than the one
