@@ -15,8 +15,6 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-import msgspec
-import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -29,6 +27,8 @@ from lakesink_datasource.errors import without_traceback
 from lakesink_datasource.worker_gc import settle_imports
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from lakesink_datasource.catalog.table_transaction import TableTransaction
     from lakesink_datasource.options import WriteOptions
     from lakesink_datasource.read.stream import LakeSinkStreamReader
@@ -37,7 +37,9 @@ if TYPE_CHECKING:
 
 # The rest is imported where it is used: Spark starts a Python process of its own for each
 # role (creating the source, planning, a task, the commit, a read) and each pays for what
-# this module imports, a second or more on a fresh executor for the whole package.
+# this module imports, a second or more on a fresh executor for the whole package. pyarrow
+# and msgspec too: every session imports this module at its start to find the source by
+# name (pyspark_lakesink), and pyarrow alone is ~0.1 s and ~70 MB there.
 
 log = logging.getLogger("lakesink")
 
@@ -170,6 +172,8 @@ def _timed_plan(options: WriteOptions, schema: StructType, overwrite: bool) -> W
     plan = plan_write(options, schema, overwrite)
     seconds = time.perf_counter() - started
     _driver_event("plan", None, seconds, time.process_time() - cpu)
+    import msgspec
+
     return msgspec.structs.replace(plan, planned_at=planned_at, plan_seconds=seconds)
 
 
@@ -383,6 +387,8 @@ class ClusteredTablesStreamWriter(DataSourceStreamArrowWriter):
 
     @without_traceback
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        import msgspec
+
         from lakesink_datasource.key_routing import RESULT_COLUMN
         from lakesink_datasource.messages import RoutedTablesMessage
 
