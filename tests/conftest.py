@@ -28,7 +28,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 HEAVY = ("spark", "child", "cluster", "connect", "postgres", "s3", "slow")
 # A test is in a group by the fixtures it uses, or by its module.
 _BY_FIXTURE = {"spark": "spark", "postgres_uri": "postgres", "object_store": "s3"}
-_BY_MODULE = {"test_standalone_cluster": "cluster", "test_spark_connect": "connect"}
+_BY_MODULE = {"test_standalone_cluster": "cluster", "test_spark_connect": "connect", "test_pipeline_example": "connect"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
