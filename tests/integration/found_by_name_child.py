@@ -20,9 +20,15 @@ spark.sql("CREATE TABLE found (id BIGINT, v STRING) USING lakesink")
 spark.sql(f"INSERT INTO found WITH ('table' = 'db.found', 'warehouse' = '{warehouse}') VALUES (20, 'q')")
 before = sorted([r["id"], r["v"]] for r in spark.read.format("lakesink").options(**table).load().collect())
 
+from pyspark.errors import AnalysisException  # noqa: E402
+
 from lakesink_datasource import LakeSinkDataSource  # noqa: E402  (after: the writes above went without it)
 
-spark.dataSource.register(LakeSinkDataSource)
+try:
+    spark.dataSource.register(LakeSinkDataSource)
+    registered = "yes"
+except AnalysisException as error:  # PySpark 4.0: a source found by name cannot be replaced
+    registered = str(error)
 spark.createDataFrame([(30, "r")], "id long, v string").write.format("lakesink").options(**table).mode("append").save()
-print(json.dumps({"read": before}))
+print(json.dumps({"read": before, "registered": registered}))
 spark.stop()

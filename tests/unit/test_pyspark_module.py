@@ -14,14 +14,16 @@ from pathlib import Path
 
 import pyspark
 import pytest
+from pyspark.sql.worker import lookup_data_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 # What the lookup may not import: each is a cost every session would pay, used or not.
 HEAVY = ("pyarrow", "msgspec", "pyiceberg.table", "pyiceberg.catalog", "lakesink_datasource.table", "lakesink_datasource.iceberg")
 
 
-def _python(code: str, *flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+def _python(code: str, *flags: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True, timeout=120, cwd="/",
+                          env={**os.environ, **(env or {})})
 
 
 def test_importing_the_module_gives_the_source_and_nothing_heavy() -> None:
@@ -39,7 +41,14 @@ def test_importing_the_module_gives_the_source_and_nothing_heavy() -> None:
     assert loaded == [], f"importing pyspark_lakesink pulled in {loaded}"
 
 
-def _lookup(sys_path: list[str], *flags: str) -> dict:
+# PySpark 4.2 split the lookup from its socket protocol (`_main`); before, only Spark's runner
+# can drive it (there the demo and test_found_by_name.py find lakesink through Spark itself).
+needs_lookup_main = pytest.mark.skipif(
+    not hasattr(lookup_data_sources, "_main"), reason="PySpark 4.0/4.1's lookup worker is driven by Spark's runner only"
+)
+
+
+def _lookup(sys_path: list[str], *flags: str, env: dict[str, str] | None = None) -> dict:
     """Run Spark's own lookup of `pyspark_*` modules (pyspark.sql.worker.lookup_data_sources,
     what a session's first Python source lookup runs) in a fresh Python with `sys_path`
     first, and use what it registered as a writer would."""
@@ -56,18 +65,21 @@ sources = {{}}
 for _ in range(read_int(found)):
     name = UTF8Deserializer().loads(found)
     sources[name] = pickleSer._read_with_length(found)
-error = None
-try:
-    sources["lakesink"](options={{}}).writer(None, False)
-except Exception as exc:
-    error = f"{{type(exc).__name__}}: {{exc}}"
-print(json.dumps({{"names": sorted(sources), "module": sources["lakesink"].__module__, "error": error}}))
+error = module = None
+if "lakesink" in sources:
+    module = sources["lakesink"].__module__
+    try:
+        sources["lakesink"](options={{}}).writer(None, False)
+    except Exception as exc:
+        error = f"{{type(exc).__name__}}: {{exc}}"
+print(json.dumps({{"names": sorted(sources), "module": module, "error": error}}))
 """
-    run = _python(code, *flags)
+    run = _python(code, *flags, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout)
 
 
+@needs_lookup_main
 def test_spark_s_lookup_finds_lakesink() -> None:
     found = _lookup([])
     assert "lakesink" in found["names"]
@@ -75,6 +87,14 @@ def test_spark_s_lookup_finds_lakesink() -> None:
     assert "option 'table' is required" in found["error"]  # the real source, planning a write with no options
 
 
+@needs_lookup_main
+def test_lakesink_find_by_name_0_offers_no_source() -> None:
+    # For PySpark 4.0 code that must keep registering lakesink (4.0 refuses a register of a
+    # source Spark found by name).
+    assert "lakesink" not in _lookup([], env={"LAKESINK_FIND_BY_NAME": "0"})["names"]
+
+
+@needs_lookup_main
 def test_a_lakesink_that_cannot_load_says_why_at_use_and_leaves_the_lookup_working(tmp_path: Path) -> None:
     # A Python with PySpark and lakesink but not lakesink's dependencies (lakesink installed
     # with --no-deps, as on an image whose packages came another way): no site-packages at all
