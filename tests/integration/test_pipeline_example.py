@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -61,8 +62,16 @@ def _assert_tables(warehouse: str) -> None:
         assert_readers_see(warehouse, table, expected_rows(rows, columns), columns)
 
 
+def _port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 @pytest.mark.child
 def test_the_example_pipeline_runs_reruns_and_refreshes_without_a_row_twice(tmp_path: Path) -> None:
+    if _port_in_use(15002):
+        # spark-pipelines' local Connect server always takes 15002 (PySpark 4.1 to 4.3).
+        pytest.fail("port 15002 is in use (another Spark Connect server or pipeline run?): spark-pipelines run needs it")
     project, root = _project(tmp_path)
     warehouse = str(root / "warehouse")
 
