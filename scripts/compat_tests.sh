@@ -4,8 +4,8 @@
 # and key routing, the exactly-once kill tests of keyed upserts (a SIGKILL after the commit,
 # during the tasks' writes, a task failure; routed and not) and of an append after its
 # commit, the foreachBatch sink, the demo (which finds lakesink by name, registering nothing),
-# Spark's lookup of pyspark_lakesink, and the pipeline example (4.1 and newer: run, run again,
-# --full-refresh-all). Usage: scripts/compat_tests.sh 4.1
+# Spark's lookup of pyspark_lakesink, and the pipeline example (4.1 and newer: run, then run
+# again with nothing new; the full refresh runs with the whole suite on the newest minor). Usage: scripts/compat_tests.sh 4.1
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MINOR=${1:?usage: scripts/compat_tests.sh MINOR}

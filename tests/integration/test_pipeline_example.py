@@ -1,7 +1,8 @@
 """examples/pipeline, a Spark Declarative Pipeline (PySpark 4.1+) with an append sink, a keyed
 sink and a stream routed to many tables, run with `spark-pipelines run` as a user would:
-it exits 0, a second run with nothing new writes nothing, and `--full-refresh-all` (new
-checkpoints for every flow) leaves no row twice. DuckDB and pyiceberg read the tables."""
+it exits 0, a second run with nothing new writes nothing, and (on the newest minor, where CI
+runs the whole suite) `--full-refresh-all`, new checkpoints for every flow, leaves no row
+twice. DuckDB and pyiceberg read the tables."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 from lakesink_testing import assert_readers_see, expected_rows, load
 
+from lakesink_datasource.spark_version import SUPPORTED_MINORS, pyspark_version
 from lakesink_datasource.table.new_checkpoint import NEW_CHECKPOINT_SUMMARY
 
 pytest.importorskip("pyspark.pipelines", reason="Spark Declarative Pipelines came with PySpark 4.1")
@@ -62,6 +64,11 @@ def _assert_tables(warehouse: str) -> None:
         assert_readers_see(warehouse, table, expected_rows(rows, columns), columns)
 
 
+def _newest_minor() -> bool:
+    minor = tuple(int(p) for p in pyspark_version().split(".")[:2])
+    return minor >= SUPPORTED_MINORS[-1]
+
+
 def _port_in_use(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -87,6 +94,10 @@ def test_the_example_pipeline_runs_reruns_and_refreshes_without_a_row_twice(tmp_
     assert {t: [s.snapshot_id for s in load(warehouse, t).metadata.snapshots] for t in TABLES} == snapshots  # nothing new
     _assert_tables(warehouse)
 
+    if not _newest_minor():
+        # Older minors run this in CI's compatibility set, within its time: run and rerun. The
+        # full refresh is lakesink's own code on every minor (test_new_checkpoint.py).
+        return
     # New checkpoints for every flow: the sources are read again from the start.
     refreshed = _run(project, "--full-refresh-all")
     assert refreshed.returncode == 0, refreshed.stderr[-4000:]
