@@ -95,8 +95,9 @@ def test_the_example_pipeline_runs_reruns_and_refreshes_without_a_row_twice(tmp_
     _assert_tables(warehouse)
 
     if not _newest_minor():
-        # Older minors run this in CI's compatibility set, within its time: run and rerun. The
-        # full refresh is lakesink's own code on every minor (test_new_checkpoint.py).
+        # Older minors run this in CI's compatibility set, within its time: run and rerun. What
+        # a full refresh meets (a new checkpoint's query id) is lakesink's code, the same on
+        # every minor; test_new_checkpoint.py tests it in a session.
         return
     # New checkpoints for every flow: the sources are read again from the start.
     refreshed = _run(project, "--full-refresh-all")
