@@ -4,8 +4,11 @@ source registered from the pipeline's definitions makes `spark-pipelines run` ex
 a completed run (docs/usage.md, "Spark Declarative Pipelines", says why)."""
 
 from pyspark import pipelines as dp
+from pyspark.sql import SparkSession
 
-root = spark.conf.get("spark.lakesink.example.root")  # noqa: F821 - `spark` is given to definitions files
+# The pipeline's session (PySpark 4.2+ also hands definitions files a global `spark`; 4.1 does not).
+spark = SparkSession.active()
+root = spark.conf.get("spark.lakesink.example.root")
 data, common = f"{root}/data", {"warehouse": f"{root}/warehouse"}
 
 # An append sink. new_checkpoint=replace: a --full-refresh recomputes the table (its first
@@ -15,7 +18,7 @@ dp.create_sink("events_sink", format="lakesink", options={**common, "table": "sh
 
 @dp.append_flow(target="events_sink")
 def events():
-    return spark.readStream.schema("event_id long, kind string, amount double").parquet(f"{data}/events")  # noqa: F821
+    return spark.readStream.schema("event_id long, kind string, amount double").parquet(f"{data}/events")
 
 
 # A keyed sink: one row per customer, the highest version wins.
@@ -27,7 +30,7 @@ dp.create_sink("customers_sink", format="lakesink", options={
 
 @dp.append_flow(target="customers_sink")
 def customers():
-    return spark.readStream.schema("customer_id long, tier string, version long").parquet(f"{data}/customers")  # noqa: F821
+    return spark.readStream.schema("customer_id long, tier string, version long").parquet(f"{data}/customers")
 
 
 # A change stream routed to one table per source table (table_column), applied by key.
@@ -41,4 +44,4 @@ dp.create_sink("replica_sink", format="lakesink", options={
 
 @dp.append_flow(target="replica_sink")
 def changes():
-    return spark.readStream.schema("tbl string, op string, lsn long, after string").parquet(f"{data}/changes")  # noqa: F821
+    return spark.readStream.schema("tbl string, op string, lsn long, after string").parquet(f"{data}/changes")
