@@ -5,6 +5,7 @@ sinks); new_checkpoint=append adds to it, as asked."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,7 +23,9 @@ COLUMNS = ["id", "v"]
 def write_source(folder: Path, index: int, rows: list[tuple[int, str]]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     table = pa.table({"id": pa.array([r[0] for r in rows], pa.int64()), "v": [r[1] for r in rows]})
-    pq.write_table(table, folder / f"part-{index:03d}.parquet")
+    path = folder / f"part-{index:03d}.parquet"
+    pq.write_table(table, path)
+    os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))  # Spark reads files by age: batch order = index
 
 
 def run(spark, source: Path, checkpoint: Path, **options: str) -> None:  # type: ignore[no-untyped-def]
