@@ -24,7 +24,7 @@ KEYED_OPERATIONS = ("upsert", "cdc", "dedupe")
 MAINTENANCE_MODES = ("auto", "background", "off")
 OVERWRITE_MODES = ("static", "dynamic")
 # What the first batch of a new checkpoint does to a table that a stream of the same query
-# name wrote from another checkpoint (table/new_checkpoint.py): a pipeline's --full-refresh.
+# name wrote from another checkpoint (table/new_checkpoint.py): a pipeline's --full-refresh-all.
 NEW_CHECKPOINT_MODES = ("refuse", "replace", "append")
 DEFAULT_WAREHOUSE = "./lakesink-warehouse"
 

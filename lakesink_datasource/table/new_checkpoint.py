@@ -1,7 +1,7 @@
 """A stream that starts again from a new checkpoint, under the name of one that wrote the table.
 
 lakesink's exactly-once bookkeeping is per streaming query id (table/idempotency.py), and
-Spark keeps a query's id in its checkpoint. A new checkpoint (a pipeline's `--full-refresh`,
+Spark keeps a query's id in its checkpoint. A new checkpoint (a pipeline's `--full-refresh-all`,
 which gives the flow a new one; a user who deletes a checkpoint to start over) is therefore a
 new query, and its source sends every row again from the start: appended, each would be in
 the table twice. What the old and the new checkpoint share is the query's name
@@ -82,7 +82,7 @@ def refusal(options: WriteOptions, query_id: str, previous: str, *, unreadable: 
         f"table {options.table} was written by streaming query {options.query_name!r} from another checkpoint (query id "
         f"{previous}); this is its first batch from checkpoint {options.checkpoint_location} (query id {query_id}), whose "
         "source sends its rows again from the start. Nothing was written. Set option new_checkpoint to 'replace' to make "
-        "this batch replace the table's contents (what a pipeline's --full-refresh means), or to 'append' to add its rows "
+        "this batch replace the table's contents (what a pipeline's --full-refresh-all means), or to 'append' to add its rows "
         f"to the table's (rows already there land twice); or restart from the old checkpoint{why}"
     )
 

@@ -11,7 +11,7 @@ spark = SparkSession.active()
 root = spark.conf.get("spark.lakesink.example.root")
 data, common = f"{root}/data", {"warehouse": f"{root}/warehouse"}
 
-# An append sink. new_checkpoint=replace: a --full-refresh recomputes the table (its first
+# An append sink. new_checkpoint=replace: a --full-refresh-all recomputes the table (its first
 # batch from the flow's new checkpoint replaces what the old checkpoint wrote).
 dp.create_sink("events_sink", format="lakesink", options={**common, "table": "shop.events", "new_checkpoint": "replace"})
 
@@ -34,7 +34,7 @@ def customers():
 
 
 # A change stream routed to one table per source table (table_column), applied by key.
-# new_checkpoint=append: a --full-refresh replays the changes into the same tables, which
+# new_checkpoint=append: a --full-refresh-all replays the changes into the same tables, which
 # the keys and sequences make a no-op (a stream routed to many tables cannot replace them).
 dp.create_sink("replica_sink", format="lakesink", options={
     **common, "table_column": "tbl", "namespace": "replica", "payload_column": "after", "operation": "cdc",
