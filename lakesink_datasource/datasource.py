@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 # role (creating the source, planning, a task, the commit, a read) and each pays for what
 # this module imports, a second or more on a fresh executor for the whole package. pyarrow
 # and msgspec too: every session imports this module at its start to find the source by
-# name (pyspark_lakesink), and pyarrow alone is ~0.1 s and ~70 MB there.
+# name (pyspark_lakesink): with them the import took 0.17-0.3 s and 39 MB, without 9-15 ms.
 
 log = logging.getLogger("lakesink")
 
