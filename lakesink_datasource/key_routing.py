@@ -53,7 +53,7 @@ __all__ = ["RESULT_COLUMN", "RoutedStream", "cluster_by_key", "key_text_column",
 RESULT_COLUMN = "__lakesink_task_result"
 _SPEC = "lakesink_routed_stream"  # the column's metadata key: what the sink needs to plan
 # Options that only the commit uses: the sink may set them where cluster_by_key did not.
-_COMMIT_ONLY = {"maintenance", "progress", "snapshot_properties", "checkpoint_location"}
+_COMMIT_ONLY = {"maintenance", "progress", "snapshot_properties", "checkpoint_location", "query_name", "new_checkpoint"}
 _SPARK_OWNED = {"checkpointlocation", "queryname", "path"}  # what Spark itself passes a sink
 log = logging.getLogger("lakesink")
 

@@ -52,3 +52,10 @@ def test_setup_cfg_and_ci_name_the_same_minors() -> None:
     assert f"pyspark>={low[0]}.{low[1]},<{high[0]}.{high[1] + 1}" in requires
     listed = subprocess.run([str(ROOT / "scripts" / "spark_minors.sh")], capture_output=True, text=True, check=True).stdout.split()
     assert listed == [f"{a}.{b}" for a, b in SUPPORTED_MINORS]
+
+
+def test_an_explicit_register_replaces_the_source_found_by_name_from_pyspark_4_1() -> None:
+    from lakesink_datasource.spark_version import register_replaces_found
+
+    # PySpark 4.0 refuses it (DATA_SOURCE_ALREADY_EXISTS): there lakesink is used unregistered.
+    assert [register_replaces_found(v) for v in ("4.0.5", "4.1.0", "4.2.1", "4.3.0")] == [False, True, True, True]
