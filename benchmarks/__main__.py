@@ -163,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     scale.add_argument("--out", help="where SCALE-OUT.md and scale_out.json go (default ./benchmark-results/; benchmarks/results holds the committed ones)")
     scale.set_defaults(func=lambda a: __import__("benchmarks.scale_out", fromlist=["x"]).main_args(
         a.sizes, a.reps, a.batch_rows, a.workdir, a.out))
+    moved = sub.add_parser("shard-moves", help="do key shards stay on their executor? runs on two one-core workers -> SHARD-MOVES.md")
+    moved.add_argument("--runs", type=int, default=10, help="runs, each on a new cluster (default 10)")
+    moved.add_argument("--workdir", help="scratch directory (default /tmp/lakesink-shard-moves)")
+    moved.add_argument("--out", help="where SHARD-MOVES.md and shard_moves.json go (default ./benchmark-results/; benchmarks/results holds the committed ones)")
+    moved.set_defaults(func=lambda a: __import__("benchmarks.shard_moves", fromlist=["x"]).main_args(a.runs, a.workdir, a.out))
     red = sub.add_parser("redecide", help="what deciding shared keys at commit costs a keyed batch -> REDECIDE.md")
     red.add_argument("--rows", type=int, default=1_000_000, help="keys in the table (default 1M)")
     red.add_argument("--batch", type=int, default=100_000, help="keys a batch upserts (default 100K)")

@@ -163,28 +163,28 @@ def _wait_for_batches(query: Any, count: int) -> list[dict[str, Any]]:
         time.sleep(0.2)
 
 
-def _snapshots(warehouse: Path) -> Any:
+def _snapshots(warehouse: Path, ident: str = IDENT) -> Any:
     from pyiceberg.catalog.sql import SqlCatalog
 
     catalog = SqlCatalog("lakesink", uri=f"sqlite:///{warehouse}/catalog.db", warehouse=f"file://{warehouse}")
-    return catalog.load_table(IDENT).metadata
+    return catalog.load_table(ident).metadata
 
 
-def _annotate(warehouse: Path, batches: list[dict[str, Any]], homes: list[Path]) -> None:
+def annotate(warehouse: Path, batches: list[dict[str, Any]], homes: list[Path], shards: int = SHARDS, ident: str = IDENT) -> None:
     """Each batch's index seconds (summed over its tasks), what started over, and which
     worker held each key shard, from its snapshot."""
     from lakesink_datasource.iceberg.summary_keys import EPOCH_ID, HOSTS, INDEX_SECONDS, INDEX_STARTS, QUERY_ID
     from lakesink_datasource.index.key_route import KeyRoute
     from lakesink_datasource.index.owner import index_owner, owner_digest
 
-    metadata = _snapshots(warehouse)
+    metadata = _snapshots(warehouse, ident)
     owners: dict[str, tuple[int, int]] = {}
     for worker, home in enumerate(homes):
         for query in {r["query"] for r in batches}:
             # Each streaming query keeps its own index on a host (index/for_write.index_location).
             base = home / ".cache" / "lakesink" / "index" / f"{metadata.table_uuid}.query-{owner_digest(query)}"
             owners[index_owner(str(base))] = (worker, -1)
-            owners.update({index_owner(f"{base}.{KeyRoute(s, SHARDS).name()}"): (worker, s) for s in range(SHARDS)})
+            owners.update({index_owner(f"{base}.{KeyRoute(s, shards).name()}"): (worker, s) for s in range(shards)})
     by_epoch = {}
     for snapshot in metadata.snapshots:
         props = snapshot.summary.additional_properties
@@ -198,7 +198,7 @@ def _annotate(warehouse: Path, batches: list[dict[str, Any]], homes: list[Path])
         record["placement"] = {str(shard): worker for worker, shard in held if shard >= 0}
 
 
-def _moves(batches: list[dict[str, Any]]) -> list[int]:
+def moves(batches: list[dict[str, Any]]) -> list[int]:
     """Per batch after the first: key shards on another worker than in the batch before."""
     return [sum(1 for s, w in b["placement"].items() if a["placement"].get(s) not in (None, w)) for a, b in itertools.pairwise(batches)]
 
@@ -227,9 +227,9 @@ def _phase(root: Path, warehouse: Path, rows: int, workers: int, reps: int, batc
         checkpoint = source.folder.parent / "checkpoint-routed"  # one query across the set-ups, restarted on each
         source.add(spark, reps + 1)
         batches = _stream(spark, source, checkpoint, warehouse, routed=True)
-        _annotate(warehouse, batches, cluster.homes)
+        annotate(warehouse, batches, cluster.homes)
         out["warmup"], out["steady"] = batches[0], batches[1:]
-        out["moves"] = _moves(batches)
+        out["moves"] = moves(batches)
         out["index_bytes_per_host"] = [_index_bytes(h) for h in cluster.homes]
         log(f"    {workers} worker(s): warm-up {batches[0]['seconds']:.2f} s; steady " + ", ".join(
             f"{b['seconds']:.2f}/{b['index_seconds']:.2f}" for b in batches[1:]) + f"; moves {out['moves']}; "
@@ -244,7 +244,7 @@ def _phase(root: Path, warehouse: Path, rows: int, workers: int, reps: int, batc
                     feed = source if routed else plain_source
                     feed.add(spark, reps + 1)
                     run = _stream(spark, feed, checkpoint if routed else feed.folder.parent / "checkpoint-plain", warehouse, routed)
-                    _annotate(warehouse, run, cluster.homes)
+                    annotate(warehouse, run, cluster.homes)
                     rounds["routed" if routed else "plain"] += run[1:]  # the first catches up the other's batches
                     log(f"    round {r} {'routed' if routed else 'plain'}: " + ", ".join(f"{b['seconds']:.2f}" for b in run))
             out["compare"] = rounds
@@ -273,11 +273,11 @@ def _phase(root: Path, warehouse: Path, rows: int, workers: int, reps: int, batc
                 joined = _wait_for_batches(query, 4)[2:]
             finally:
                 query.stop()
-            _annotate(warehouse, settled + joined, cluster.homes)
+            annotate(warehouse, settled + joined, cluster.homes)
             out["restart"] = settled
             out["fresh"], out["after_fresh"] = joined[0], joined[1]
-            out["restart_moves"] = _moves([batches[-1], *settled])
-            out["fresh_moves"] = _moves([settled[-1], *joined])
+            out["restart_moves"] = moves([batches[-1], *settled])
+            out["fresh_moves"] = moves([settled[-1], *joined])
             log(f"    restarted query: moves {out['restart_moves']}; fresh worker: first batch {joined[0]['seconds']:.2f} s (index "
                 f"{joined[0]['index_seconds']:.2f} s; {joined[0]['index_starts']}), next {joined[1]['seconds']:.2f} s; moves "
                 f"{out['fresh_moves']}; plain append on a fresh worker {out['fresh_append']:.2f} s, warm {out['warm_append']:.2f} s")

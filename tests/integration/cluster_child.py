@@ -7,7 +7,7 @@ SCENARIO "speculation": the same session with spark.speculation=true: an append,
 keyed write. SCENARIO "replace": a keyed CDC stream clustered by key over the first half of
 the batches, then a pause (the file `<OUT_JSON>.paused` appears; the test replaces a worker
 and writes `<OUT_JSON>.resume`), then the same stream (same checkpoint) over the rest.
-SCENARIO "routed": the same through cluster_by_key (4 key shards), an executor killed during
+SCENARIO "routed": the same through cluster_by_key (2 key shards, one per slot), an executor killed during
 batch 2, the pause after batch 3.
 SCENARIO "one-worker": two executors on one worker: a cdc stream through cluster_by_key, then
 an unrouted keyed batch; an executor is killed in each (its task runs again on the same host
@@ -128,7 +128,7 @@ def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> N
             return str(exc)
 
     if scenario == "routed":
-        # A keyed CDC stream through cluster_by_key (4 key shards on 2 one-core workers): an
+        # A keyed CDC stream through cluster_by_key (its default: 2 key shards, one per slot of 2 one-core workers): an
         # executor is killed while it writes batch 2, then the driver pauses (the test
         # replaces a worker) and the same query goes on over batches 4..7.
         from lakesink_datasource import cluster_by_key
@@ -156,7 +156,7 @@ def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> N
         report["done"] = True
     elif scenario == "one-worker":
         # Two executors on one worker (one HOME, so one index directory for both processes):
-        # a routed cdc stream (4 key shards over the two executors), then an unrouted keyed
+        # a routed cdc stream (2 key shards, one on each executor), then an unrouted keyed
         # batch whose tasks on both executors share the worker's whole index.
         from lakesink_datasource import cluster_by_key
 

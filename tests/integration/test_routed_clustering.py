@@ -132,7 +132,7 @@ def test_a_clustered_stream_writes_each_tables_shards_exactly(spark, tmp_path: P
     for table in ("x", "y"):
         want = [{"id": k, "name": f"{table}{k}"} for k in range(30) if (table, k) != ("x", 4)]
         assert duckdb_rows(load(warehouse, f"db.{table}").metadata_location, COLUMNS) == expected_rows(want, COLUMNS)
-        _files_hold_one_shard_each(warehouse, f"db.{table}", 2)  # spark.sql.shuffle.partitions: the default shards
+        _files_hold_one_shard_each(warehouse, f"db.{table}", 2)  # the default: one shard per task slot (local[2])
 
 
 @pytest.mark.parametrize(

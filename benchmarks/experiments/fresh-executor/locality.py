@@ -24,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from benchmarks import scale_out
-from benchmarks.scale_out import Source, _annotate, _build_base, _running_stream, _wait_for_batches, _wait_for_executors
+from benchmarks.scale_out import Source, _build_base, _running_stream, _wait_for_batches, _wait_for_executors, annotate
 from benchmarks.standalone import Cluster
 
 WORKDIR = Path("/tmp/lakesink-fresh-executor")
@@ -112,7 +112,7 @@ def main(rows: int, waits: list[str | None]) -> None:
                 joined = _wait_for_batches(query, 6)[3:]
             finally:
                 query.stop()
-            _annotate(warehouse, settled + joined, cluster.homes)
+            annotate(warehouse, settled + joined, cluster.homes)
             tasks = _tasks(spark, since)
         finally:
             spark.stop()

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from benchmarks.scale_out import IDENT, Source, _annotate, _build_base, _session, _stream, _wait_for_executors
+from benchmarks.scale_out import IDENT, Source, _build_base, _session, _stream, _wait_for_executors, annotate
 from benchmarks.standalone import Cluster
 
 ROOT = Path("/tmp/lakesink-java-routed")
@@ -83,7 +83,7 @@ def main() -> int:
         for step in ("rewrite", "expire+orphans", "rewrite again", None):
             source.add(spark, 3)
             batches = _stream(spark, source, checkpoint, warehouse, routed=True)
-            _annotate(warehouse, batches, cluster.homes)
+            annotate(warehouse, batches, cluster.homes)
             for b in batches:
                 print(f"batch {b['batch']}: {b['seconds']:.2f} s, shards on workers {b['placement']}; {b['index_starts'] or 'every shard caught up'}")
             if step is None:
