@@ -125,6 +125,14 @@ class TaskResult(msgspec.Struct, frozen=True):
     # sequences are): the commit hides every row ordered before it.
     truncated_at: bytes | None = None
 
+    def written_files(self) -> list[str]:
+        """Every file this attempt wrote for the commit to reference: data files, the files of
+        deleted keys, and a carried compaction's output. A write that does not land leaves
+        them unreferenced."""
+        compacted = [m.path for m in self.compaction.files] if self.compaction is not None else []
+        kept = [path for path in (self.tombstones, self.deleted_keys) if path]
+        return [*(m.path for m in self.data_files), *kept, *compacted]
+
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(TaskResult)

@@ -255,12 +255,11 @@ def _abandon(done: list[tuple[WritePlan, LakeSinkCommitMessage]]) -> None:
     task's next attempt writes its own); the key index's changes are undone like a lost
     task's, when the next batch finds their attempt was not committed."""
     for plan, message in done:
-        result = message.result()
         io = None
-        for data_file in result.data_files:
+        for path in message.result().written_files():
             try:
                 if io is None:
                     io = metadata_cache.file_io(plan.io_properties, plan.metadata_location)
-                io.delete(data_file.path)
+                io.delete(path)
             except Exception:  # best effort: an orphan, which orphan removal takes later
-                log.warning("could not delete %s of a failed routed task", data_file.path, exc_info=True)
+                log.warning("could not delete %s of a failed routed task", path, exc_info=True)

@@ -195,6 +195,29 @@ def test_a_batchs_tables_land_together_or_not_at_all(warehouse: str, arm_fault) 
         assert len(history) == 2, f"{t}: {len(history)} snapshots"
 
 
+def test_a_routed_task_failing_after_some_tables_leaves_none_of_their_files(warehouse: str, arm_fault) -> None:  # type: ignore[no-untyped-def]
+    """A task writes its tables one after another: when the second fails, the first's data
+    files and its deleted keys' files (tombstones) are deleted with it, not left as orphans;
+    the retried task lands the batch exactly."""
+    raw = {"table_column": "tbl", "payload_column": "after", "operation": "cdc", "op_column": "op", "sequence_column": "seq",
+           "warehouse": warehouse, "index_dir": os.path.join(warehouse, "idx"), "progress": "false", "maintenance": "off",
+           "tables.db.a.primary_key": "k", "tables.db.b.primary_key": "k"}
+    first = [_cdc(t, "c", 1, {"k": k, "v": f"{t}{k}"}) for t in ("db.a", "db.b") for k in range(4)]
+    _run(plan_routed_write(raw, CDC, False), [first], CDC_ARROW, 0)
+    on_disk = {t: _data_files_on_disk(warehouse, t) for t in ("db.a", "db.b")}
+    second = [_cdc("db.a", "d", 2, {"k": 0}), _cdc("db.a", "u", 2, {"k": 1, "v": "new"}), _cdc("db.b", "c", 2, {"k": 9, "v": "b9"})]
+    arm_fault({"point": "task_files_written", "action": "raise", "nth": [2]})  # db.a's write done, db.b's files written
+    with pytest.raises(Exception, match="injected fault at task_files_written"):
+        _run(plan_routed_write(raw, CDC, False), [second], CDC_ARROW, 1)
+    assert {t: _data_files_on_disk(warehouse, t) for t in ("db.a", "db.b")} == on_disk
+    arm_fault()
+    _run(plan_routed_write(raw, CDC, False), [second], CDC_ARROW, 1)
+    model = _Model()
+    model.apply(first + second, {"db.a": "k", "db.b": "k"})
+    for t in ("db.a", "db.b"):
+        assert_readers_see(warehouse, t, expected_rows(model.rows(t), ["k", "v"]), ["k", "v"])
+
+
 def test_a_process_writing_many_keyed_tables_keeps_few_indexes_open(warehouse: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each key index maps files and holds descriptors: a task writing 12 keyed tables keeps the
     last 3 tables' open; a table met again reopens its index and stays exact."""
