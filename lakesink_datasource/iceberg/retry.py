@@ -70,7 +70,7 @@ from lakesink_datasource.iceberg.properties import (
 
 __all__ = [
     "ANY", "Backoff", "Busy", "Failure", "RetriesSpent", "RetryClock", "RetryPolicy", "Spent", "StoreUnavailable",
-    "classify", "current", "first_line",
+    "active", "classify", "current", "first_line",
 ]
 
 log = logging.getLogger("lakesink")
@@ -441,6 +441,11 @@ class RetryClock:
 
 
 _ACTIVE: contextvars.ContextVar[RetryClock | None] = contextvars.ContextVar("lakesink_retry_clock", default=None)
+
+
+def active() -> RetryClock | None:
+    """The clock of the operation this thread runs (`RetryClock.active`), if any."""
+    return _ACTIVE.get()
 
 
 def current(properties: Mapping[str, str], what: str) -> RetryClock:
