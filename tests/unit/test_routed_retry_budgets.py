@@ -12,6 +12,8 @@ DuckDB and pyiceberg.
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pytest
 from lakesink_testing import assert_readers_see, embedded_catalog, expected_rows, load
@@ -21,6 +23,7 @@ from lakesink_datasource import datasource
 from lakesink_datasource.catalog.errors import CatalogUnavailable
 from lakesink_datasource.iceberg.compat import v3_metadata_writes
 from lakesink_datasource.iceberg.outage import OUTAGE_TIMEOUT_MS
+from lakesink_datasource.iceberg.summary_keys import EPOCH_ID
 from lakesink_datasource.routing.route_commit import commit_routed
 from lakesink_datasource.routing.route_plan import plan_routed_write
 from lakesink_datasource.routing.route_task import write_routed_task
@@ -82,3 +85,19 @@ def test_a_table_gives_up_at_its_own_budget_and_the_batch_changes_no_table(wareh
     assert {t: load(warehouse, f"r.{t}").metadata_location for t in ("a", "b")} == before
     for table in ("a", "b"):
         assert_readers_see(warehouse, f"r.{table}", _expected(table, range(1)), COLUMNS)
+
+
+def test_a_transaction_the_catalog_refused_is_sent_again_and_each_table_lands_once(warehouse: str, arm_fault, faults_file) -> None:  # type: ignore[no-untyped-def]
+    """The batch's one catalog transaction is refused (the catalog is away when it is sent):
+    each table's commit takes it as its own swap's failure, waits on its own clock, reads its
+    table (nothing landed) and hands its swap in again; the next round lands both, once."""
+    assert _commit(_write(warehouse, 0), 0).startswith("committed together")
+    message = _write(warehouse, 1)
+    # r.a's commit loads its table (hit 1), then the transaction is sent (hit 2): refused.
+    arm_fault({"point": "catalog_call", "table": "r.a", "nth": [2], "action": "refuse"})
+    assert _commit(message, 1).startswith("committed together")
+    assert json.loads(faults_file.read_text())[0]["hits"] >= 4  # a read back and a second send followed
+    for table in ("a", "b"):
+        assert_readers_see(warehouse, f"r.{table}", _expected(table, range(2)), COLUMNS)
+        epochs = [s.summary.additional_properties.get(EPOCH_ID) for s in load(warehouse, f"r.{table}").metadata.snapshots]
+        assert sorted(epochs) == ["0", "1"]
