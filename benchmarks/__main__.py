@@ -198,11 +198,24 @@ def main(argv: list[str] | None = None) -> int:
     ro.set_defaults(func=lambda a: __import__("benchmarks.routed_tables", fromlist=["x"]).cli(
         ["--reps", str(a.reps), "--cases", a.cases, *(["--out", a.out] if a.out else []),
          *(["--workdir", a.workdir] if a.workdir else [])]))
+    dbz = sub.add_parser("debezium", help="a Debezium change stream of 20 tables, cdc_format=debezium against parsing by hand -> DEBEZIUM.md")
+    dbz.add_argument("--reps", type=int, default=3)
+    dbz.add_argument("--events", type=int, default=1_000_000)
+    dbz.add_argument("--out", help="where DEBEZIUM.md and debezium.json go (default ./benchmark-results/; benchmarks/results holds the committed ones)")
+    dbz.add_argument("--workdir", help="where the tables go (default /tmp/lakesink-debezium); emptied first")
+    dbz.set_defaults(func=lambda a: __import__("benchmarks.debezium", fromlist=["x"]).cli(
+        ["--reps", str(a.reps), "--events", str(a.events), *(["--out", a.out] if a.out else []), *(["--workdir", a.workdir] if a.workdir else [])]))
+    his = sub.add_parser("history", help="100K upserts into 1M keys with history=true and without -> HISTORY.md")
+    his.add_argument("--reps", type=int, default=3)
+    his.add_argument("--out", help="where HISTORY.md and history.json go (default ./benchmark-results/; benchmarks/results holds the committed ones)")
+    his.add_argument("--workdir", help="where the tables go (default /tmp/lakesink-history); emptied first")
+    his.set_defaults(func=lambda a: __import__("benchmarks.history", fromlist=["x"]).cli(
+        ["--reps", str(a.reps), *(["--out", a.out] if a.out else []), *(["--workdir", a.workdir] if a.workdir else [])]))
     lst = sub.add_parser("list", help="list the scenarios")
     lst.set_defaults(func=lambda a: [print(f"{s.id}\t{s.key}\t{s.title}") for s in __import__("benchmarks.scenarios", fromlist=["x"]).SCENARIOS] and 0)
     args = parser.parse_args(argv)
     # `minors` needs neither (no plot, no delta-rs) and must run where they are not installed.
-    if args.command not in ("list", "minors", "routed") and (missing := _missing_bench_packages()):
+    if args.command not in ("list", "minors", "routed", "debezium", "history") and (missing := _missing_bench_packages()):
         # Checked before measuring: a run would otherwise fail at its plot or its delta-rs
         # side after many minutes.
         print(f"benchmarks: {', '.join(missing)} not installed; run: .venv/bin/python -m pip install -e '.[bench]'",

@@ -39,6 +39,7 @@ import sys
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
@@ -68,6 +69,8 @@ from lakesink_datasource.iceberg.manifests import (
     referenced_data_file,
 )
 from lakesink_datasource.iceberg.puffin import read_blob
+from lakesink_datasource.table.history_columns import END as HISTORY_END
+from lakesink_datasource.table.history_columns import START as HISTORY_START
 
 __all__ = ["check_metadata", "check_table", "main"]
 
@@ -202,18 +205,38 @@ class _Checker:
                     deletes = pq.read_table(stream, columns=["file_path", "pos"]).to_pydict()
                 for path, pos in zip(deletes["file_path"], deletes["pos"]):
                     hidden[path].add(pos)
+        # A history table (history=true) holds every version of a key: one of them current
+        # (its end null), the others ending where they end, none overlapping another.
+        bounds = [c for c in (HISTORY_START, HISTORY_END) if c in schema.column_names]
+        history = len(bounds) == 2
         counts: Counter[tuple] = Counter()
+        intervals: dict[tuple, list[tuple[Any, Any]]] = defaultdict(list)
         for live in live_data:
             with self.io.new_input(live.file.file_path).open() as stream:
-                keys = pq.read_table(stream, columns=names).to_pylist()
+                rows = pq.read_table(stream, columns=names + (bounds if history else [])).to_pylist()
             gone = hidden.get(live.file.file_path, set())
-            counts.update(tuple(row[n] for n in names) for pos, row in enumerate(keys) if pos not in gone)
+            for pos, row in enumerate(rows):
+                if pos in gone:
+                    continue
+                key = tuple(row[n] for n in names)
+                if history:
+                    intervals[key].append((_comparable(row[HISTORY_START]), _comparable(row[HISTORY_END])))
+                    if row[HISTORY_END] is not None:
+                        continue
+                counts[key] += 1
         repeated = [k for k, n in counts.items() if n > 1]
         if repeated:
+            what = "current version (end null)" if history else "live row"
             self.fail(
                 f"table: {len(repeated)} key(s) of identifier fields ({', '.join(str(n) for n in names)}) have more than one "
-                f"live row, e.g. {repeated[0]} ({counts[repeated[0]]} rows)"
+                f"{what}, e.g. {repeated[0]} ({counts[repeated[0]]} rows)"
             )
+        for key, spans in intervals.items():
+            ordered = sorted(spans, key=lambda s: (s[0] is None, s[0]))
+            for (start, end), (next_start, _) in itertools.pairwise(ordered):
+                if end is None or start is None or next_start is None or not (start < end <= next_start):
+                    self.fail(f"table: versions of key {key} overlap or are out of order: {ordered}")
+                    return
 
     def _check_manifest_header(self, manifest: ManifestFile, snapshot: Snapshot, where: str) -> None:
         if manifest.partition_spec_id not in self.metadata.specs():
@@ -466,3 +489,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _comparable(value: Any) -> Any:
+    """A bound as Python compares it: a struct (a source position of several parts) by its
+    fields in turn."""
+    return tuple(value.values()) if isinstance(value, dict) else value

@@ -199,7 +199,7 @@ def _commit(
     settle_imports()
     commit_started, cpu = time.time(), time.process_time()
     results = decode_messages(messages)
-    sequenced = plan.keyed is not None and plan.keyed.sequence_source is not None
+    sequenced = plan.keyed is not None and bool(plan.keyed.sequence_sources)
     compaction = None
     # The batch's commit is one operation of the retry policy (iceberg/retry.py): storing its
     # tombstones, landing its compaction, its snapshot and the maintenance after it wait on
@@ -395,15 +395,20 @@ class ClusteredTablesStreamWriter(DataSourceStreamArrowWriter):
 
     @without_traceback
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        from lakesink_datasource.key_routing import RESULT_COLUMN
+        from lakesink_datasource.key_routing import RESULT_COLUMN, ShardTables
         from lakesink_datasource.messages import RoutedTablesMessage
 
         if not STREAM_ARROW:  # PySpark 4.0: Rows
             payloads = [row[RESULT_COLUMN] for row in iterator]
         else:
             payloads = [p for batch in iterator for p in batch.column(RESULT_COLUMN).to_pylist()]
-        tables = [(i, plan, result) for p in payloads for i, plan, result in msgspec.msgpack.decode(p)]
-        return RoutedTablesMessage(tables)
+        shards = [msgspec.msgpack.decode(p, type=ShardTables) for p in payloads]
+        skipped: dict[str, int] = {}
+        for shard in shards:
+            for kind, count in shard.skipped.items():
+                skipped[kind] = skipped.get(kind, 0) + count
+        tables = [(i, plan, result) for shard in shards for i, plan, result in shard.tables]
+        return RoutedTablesMessage(tables, skipped, sorted({t for shard in shards for t in shard.change_logs}))
 
     @without_traceback
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 
 import msgspec
 
+from lakesink_datasource.debezium.options import DebeziumOptions
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.index.key_route import MAX_SHARDS, NO_ROUTE, ROUTE_BY_TEXT, ROUTE_COLUMN, ROUTE_KEY, route_values
 from lakesink_datasource.options import DEFAULT_WAREHOUSE, KEYED_OPERATIONS, OptionError, WriteOptions, parse_options
@@ -66,11 +67,11 @@ def cluster_by_key(df: Any, *key_columns: str, shards: int | None = None, **opti
     partition holds one shard). Write the result with `writeStream.format("lakesink")` (a
     stream: the sink takes the options given here) or `write.format("lakesink")` with the
     same options (a batch). Everything is checked here, before anything runs."""
-    if any(k.lower() == "table_column" for k in options):
+    if any(k.lower() in ("table_column", "cdc_format") for k in options):
         if key_columns:
             raise RouteError(
-                "cluster_by_key with option 'table_column' routes each row by its own table's key (from 'key_column' or "
-                f"each table's 'primary_key'): give no key columns (got {', '.join(key_columns)})"
+                "cluster_by_key with option 'table_column' or 'cdc_format' routes each row by its own table's key (from "
+                f"'key_column' or each table's 'primary_key'): give no key columns (got {', '.join(key_columns)})"
             )
         return _cluster_tables(df, shards, options)
     if not key_columns:
@@ -199,12 +200,15 @@ def _route_column(key_columns: tuple[str, ...], casts: list[str], shards: int, p
 
 def _cluster_tables(df: Any, shards: int | None, options: Mapping[str, str]) -> Any:
     """A DataFrame routed to many tables (`table_column`), clustered by each row's table key."""
-    from pyspark.sql import functions as F
 
     from lakesink_datasource.routing.route_plan import plan_routed_write
 
     raw = _absolute_warehouse(options)
     routing = plan_routed_write(raw, df.schema, overwrite=False).options  # refuses bad options and columns
+    count, partitions = _shard_count(df, shards)
+    if routing.debezium is not None:
+        # Debezium's events say their tables and keys: each record goes by its message key.
+        return _clustered(df, debezium_key_texts(routing.debezium, df.schema), count, partitions, raw)
     common = routing.table_options(f"{routing.namespace or 'routed'}.any_table")
     if common.operation not in KEYED_OPERATIONS:
         raise OptionError(
@@ -222,8 +226,13 @@ def _cluster_tables(df: Any, shards: int | None, options: Mapping[str, str]) -> 
             "row's key, such as Debezium's message key) or 'primary_key' (each table's key columns; "
             "'tables.<namespace>.<table>.primary_key' for a table of its own)"
         )
-    count, partitions = _shard_count(df, shards)
-    texts = key_text_column(routing, df.schema)
+    return _clustered(df, key_text_column(routing, df.schema), count, partitions, raw)
+
+
+def _clustered(df: Any, texts: Any, count: int, partitions: int, raw: dict[str, str]) -> Any:
+    """`df` with a text route by the key texts `texts` (null: no key, NO_ROUTE)."""
+    from pyspark.sql import functions as F
+
     values = route_values(count, partitions if df.isStreaming else count, None)
     shard = F.element_at(F.array(*(F.lit(v) for v in values)), (F.pmod(F.xxhash64(texts), F.lit(count)) + 1).cast("int"))
     # NO_ROUTE for a row whose table has no key option: its task refuses it, naming the fix
@@ -234,6 +243,21 @@ def _cluster_tables(df: Any, shards: int | None, options: Mapping[str, str]) -> 
         return routed.repartition(count, ROUTE_COLUMN)
     _check_stream_shards(count, partitions)
     return _stateful_route(routed, raw, count, tables=True)
+
+
+def debezium_key_texts(debezium: DebeziumOptions, schema: Any) -> Any:
+    """Each record's message key as the texts of its fields, ordered by lower-cased name: the
+    key's `payload` with JsonConverter's wrapper, the key itself without it, a struct's
+    fields. Null for a record without a key (a truncate, a table without a primary key)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    column = F.col(f"`{debezium.key_column}`")
+    kind = {f.name: f.dataType for f in schema.fields}[debezium.key_column]
+    text = F.to_json(column) if isinstance(kind, StructType) else column.cast("string")
+    fields = F.from_json(F.coalesce(F.get_json_object(text, "$.payload"), text), "map<string,string>")
+    lowered = F.transform_keys(fields, lambda k, _v: F.lower(k))
+    return F.transform(F.array_sort(F.map_entries(lowered)), lambda e: e["value"])
 
 
 def key_text_column(routing: RoutingOptions, schema: Any) -> Any:
@@ -343,7 +367,17 @@ class _TablesShardWriter(_ShardWriter):
         codec = RowCodec(StructType.fromJson(json.loads(self.data_schema)))
         write = RoutedWrite(options=parse_routing(self.raw), write_id=_execution_write_id())
         message = write_routed_task(write, (codec.decode(frame) for frame in frames))
-        yield pd.DataFrame({RESULT_COLUMN: [msgspec.msgpack.encode(message.tables)]})
+        shard = ShardTables(message.tables, message.skipped, message.change_logs)
+        yield pd.DataFrame({RESULT_COLUMN: [msgspec.msgpack.encode(shard)]})
+
+
+class ShardTables(msgspec.Struct, array_like=True):
+    """What a shard's task of a write routed to many tables hands the sink: every table it
+    wrote (identifier, pickled plan, task result) and, with cdc_format, what it skipped."""
+
+    tables: list[tuple[str, bytes, bytes]]
+    skipped: dict[str, int] = {}
+    change_logs: list[str] = []
 
 
 def _execution_write_id() -> str:

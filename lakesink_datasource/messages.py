@@ -7,7 +7,7 @@ the driver, so everything the commit needs travels here. The payload is msgpack 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 from pyspark.sql.datasource import WriterCommitMessage
@@ -121,6 +121,9 @@ class TaskResult(msgspec.Struct, frozen=True):
     plan_seconds: float = 0.0
     # The compaction group this task rewrote after its rows (maintenance=auto), if any.
     compaction: CompactionMessage | None = None
+    # The newest truncate of the table among this task's events (its position, encoded as
+    # sequences are): the commit hides every row ordered before it.
+    truncated_at: bytes | None = None
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -149,10 +152,13 @@ class RoutedCommitMessage(WriterCommitMessage):
 
 @dataclass
 class RoutedTablesMessage(WriterCommitMessage):
-    """A task of a write routed to many tables (`table_column`): per table it wrote, that
-    table's identifier, the plan the task made for it (pickled) and its task result."""
+    """A task of a write routed to many tables (`table_column`, `cdc_format`): per table it
+    wrote, that table's identifier, the plan the task made for it (pickled) and its task
+    result; with cdc_format, the records it skipped by kind and the tables kept as change logs."""
 
     tables: list[tuple[str, bytes, bytes]]
+    skipped: dict[str, int] = field(default_factory=dict)
+    change_logs: list[str] = field(default_factory=list)
 
 
 def decode_messages(messages: list[WriterCommitMessage | None]) -> list[TaskResult]:

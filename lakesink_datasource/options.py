@@ -68,7 +68,18 @@ class WriteOptions(TableTarget, frozen=True, kw_only=True):
     primary_key: tuple[str, ...] | None = None
     op_column: str | None = None
     delete_ops: tuple[str, ...] = ("d",)
-    sequence_column: str | None = None
+    # A key's changes are ordered by these columns, compared one after another (a source
+    # position of several parts, such as MySQL's binlog file and position).
+    sequence_column: tuple[str, ...] | None = None
+    # A value meaning "unchanged, not sent" (Debezium's unavailable.value.placeholder for
+    # unchanged TOASTed columns): a keyed write keeps the value the table holds for the key.
+    unavailable_value: str | None = None
+    # Keep every version of each key (`__start_at`, `__end_at`): slowly changing dimensions,
+    # type 2. A change of the tracked columns (all but the key, the bounds and the sequence,
+    # unless `track_history_columns` or `track_history_except_columns` say) starts a version.
+    history: bool = False
+    track_history_columns: tuple[str, ...] | None = None
+    track_history_except_columns: tuple[str, ...] | None = None
     index_dir: str | None = None
     # A streaming query's checkpoint (Spark passes it to the sink): its committed batches
     # tell that the query wrote before.
@@ -88,6 +99,10 @@ _SIMPLE = {
     "op_column",
     "delete_ops",
     "sequence_column",
+    "unavailable_value",
+    "history",
+    "track_history_columns",
+    "track_history_except_columns",
     "index_dir",
     "maintenance",
     "progress",
@@ -137,6 +152,17 @@ def did_you_mean(name: str, valid: set[str], aliases: Mapping[str, str]) -> str:
         return f"; did you mean '{aliases.get(found, found)}'?"
     close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
     return f"; did you mean '{aliases.get(close[0], close[0])}'?" if close else ""
+
+
+def placeholder_bytes(text: str) -> bytes:
+    """Option `unavailable_value` as bytes (what a binary column holds): Debezium's `hex:`
+    prefix gives the octets in hex, anything else is the text's UTF-8."""
+    if text.startswith("hex:"):
+        try:
+            return bytes.fromhex(text[4:])
+        except ValueError:
+            raise OptionError(f"option 'unavailable_value' {text!r}: after 'hex:' give hexadecimal octets") from None
+    return text.encode()
 
 
 def _csv(value: str) -> tuple[str, ...]:
@@ -273,6 +299,20 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
         kwargs["merge_schema"] = bool_option("merge_schema", values["merge_schema"])
     if "evolve_partition" in values:
         kwargs["evolve_partition"] = bool_option("evolve_partition", values["evolve_partition"])
+    if "history" in values:
+        kwargs["history"] = bool_option("history", values["history"])
+    tracked = {n: _csv(values[n]) for n in ("track_history_columns", "track_history_except_columns") if n in values}
+    if len(tracked) == 2:
+        raise OptionError(
+            "options 'track_history_columns' and 'track_history_except_columns' exclude each other: name the columns "
+            "whose changes start a version, or those whose changes do not"
+        )
+    for name, columns in tracked.items():
+        if not kwargs.get("history"):
+            raise OptionError(f"option '{name}' applies to history tables: give history=true too")
+        if not columns:
+            raise OptionError(f"option '{name}' names no column, got {values[name]!r}")
+        kwargs[name] = columns
     app_id, version = values.get("txn_app_id", "").strip(), values.get("txn_version")
     if bool(app_id) != (version is not None):
         given, missing = ("txn_app_id", "txn_version") if app_id else ("txn_version", "txn_app_id")
@@ -298,7 +338,16 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
         if not ops:
             raise OptionError("option 'delete_ops' must list at least one delete marker")
         kwargs["delete_ops"] = ops
-    for name in ("op_column", "sequence_column", "index_dir"):
+    for name in ("op_column", "index_dir"):
         if values.get(name):
             kwargs[name] = values[name].strip()
+    if values.get("unavailable_value"):
+        placeholder_bytes(values["unavailable_value"])  # checked here, used by the keyed writer
+        kwargs["unavailable_value"] = values["unavailable_value"]
+    if values.get("sequence_column", "").strip():
+        sequence = _csv(values["sequence_column"])
+        repeated = sorted({c for c in sequence if [s.lower() for s in sequence].count(c.lower()) > 1})
+        if repeated:
+            raise OptionError(f"option 'sequence_column' names {', '.join(repeated)} more than once")
+        kwargs["sequence_column"] = sequence
     return msgspec.convert(kwargs, WriteOptions)

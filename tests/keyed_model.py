@@ -323,7 +323,7 @@ class Harness:
         """As the Spark commit does it: the compaction its tasks carried, then the batch's
         snapshot, with its deletes stored in the companion table before and after (sequenced
         writes); no maintenance after it."""
-        sequenced = plan.keyed is not None and plan.keyed.sequence_source is not None
+        sequenced = plan.keyed is not None and bool(plan.keyed.sequence_sources)
         if sequenced:
             store_tombstones_safely(loader.load(plan.catalog), plan.identifier)
         # The compaction the tasks carried (maintenance=auto) lands first, as in the sink's commit.

@@ -48,7 +48,7 @@ from lakesink_datasource.iceberg.expiry import snapshots_to_expire
 from lakesink_datasource.iceberg.gc import GC_OFF_NOTE
 from lakesink_datasource.iceberg.live_files import live_data_files
 from lakesink_datasource.iceberg.partition_key import decode_partition
-from lakesink_datasource.iceberg.properties import TOMBSTONE_MAX_SEQUENCE, TableSettings
+from lakesink_datasource.iceberg.properties import TOMBSTONE_MAX_SEQUENCE, TRUNCATED_BEFORE, TableSettings
 from lakesink_datasource.iceberg.retry import Failure, RetryClock, RetryPolicy, Spent
 from lakesink_datasource.messages import TaskResult, TaskStats
 from lakesink_datasource.options import WriteOptions
@@ -174,8 +174,9 @@ def _key_rules(plan: WritePlan, results: list[TaskResult]) -> KeyRules | None:
     return KeyRules(
         operation=plan.options.operation,
         key_columns=keyed.table_key_columns,
-        sequence=keyed.table_sequence_column,
-        sequenced=keyed.sequence_source is not None,
+        sequence=keyed.table_sequence_columns,
+        sequenced=bool(keyed.sequence_sources),
+        history=keyed.history is not None,
         tombstones=tuple(sorted(r.tombstones for r in results if r.tombstones)),
         deleted_keys=tuple(sorted(r.deleted_keys for r in results if r.deleted_keys)),
     )
@@ -197,15 +198,24 @@ def _refuse_keys_across_a_rebuilt_index(results: list[TaskResult]) -> None:
                 )
 
 
+def _truncated_at(results: list[TaskResult]) -> bytes | None:
+    """The newest truncate the batch's tasks met (cdc_format=debezium)."""
+    return max((r.truncated_at for r in results if r.truncated_at is not None), default=None)
+
+
 def _pending_properties(
     plan: WritePlan, base: TableMetadata, query_id: str | None, batch_id: int | None, tombstone_max: bytes | None = None,
-    note: str | None = None,
+    note: str | None = None, truncated: bytes | None = None,
 ) -> dict[str, str]:
     """Table properties this commit sets: the write's `property.<key>` options that differ from
     the table's, the query's last committed epoch (replay detection that survives expiry),
     and the highest sequence a delete of the table ever carried (a key index rebuilt without
     the stored tombstones must assume one up to it, see index/reindex.py)."""
     wanted = dict(plan.options.table_properties)
+    if truncated is not None:
+        recorded = base.properties.get(TRUNCATED_BEFORE)
+        if recorded is None or bytes.fromhex(recorded) < truncated:
+            wanted[TRUNCATED_BEFORE] = truncated.hex()
     if note is not None:
         wanted[keys.MAINTENANCE_NOTE] = note
     if tombstone_max is not None:
@@ -233,6 +243,9 @@ def overwrite_mode(plan: WritePlan, results: list[TaskResult], batch_id: int | N
 
 
 def _overwrite_scope(plan: WritePlan, results: list[TaskResult], batch_id: int | None) -> OverwriteScope | None:
+    truncated = _truncated_at(results)
+    if truncated is not None and plan.keyed is not None and plan.keyed.table_sequence_columns:
+        return OverwriteScope("before", sequence=plan.keyed.table_sequence_columns, position=truncated)
     if not plan.overwrite:
         return None
     if plan.options.replace_where is not None:
@@ -291,8 +304,9 @@ def _attempt(
         layout_changes += default_spec_updates(base, spec_id)
     snapshot = producer.produce(base, attempt, extra, schema=schema)
     note = extra.get(keys.MAINTENANCE_NOTE)
+    truncated = bytes.fromhex(extra[keys.TRUNCATED]) if keys.TRUNCATED in extra else None
     return PreparedCommit(
-        base, snapshot, _pending_properties(plan, base, query_id, batch_id, tombstone_max, note), expired, plan.options.branch,
+        base, snapshot, _pending_properties(plan, base, query_id, batch_id, tombstone_max, note, truncated), expired, plan.options.branch,
         layout_changes,
     )
 
@@ -397,6 +411,9 @@ def commit_write(
     deleted_keys = sorted(r.deleted_keys for r in results if r.deleted_keys)
     if deleted_keys:
         extra[keys.DELETED_KEYS] = ",".join(deleted_keys)
+    truncated = _truncated_at(results)
+    if truncated is not None:
+        extra[keys.TRUNCATED] = truncated.hex()
     if plan.keyed is not None:
         # Every key the batch deleted is in the files above, and these task attempts made it:
         # what another host's index needs to follow the batch without a rebuild.
@@ -564,6 +581,8 @@ def _describe_replaced(producer: SnapshotProducer, snapshot: Snapshot) -> str | 
         return f"replaced the whole table ({rows:,} rows; overwrite_mode=dynamic replaces only the partitions written)"
     if replaced.scope.kind == "partitions":
         return f"replaced {len(replaced.partitions)} partition(s) ({rows:,} rows)"
+    if replaced.scope.kind == "before":
+        return f"truncated at the source: hid the {rows:,} rows ordered before the truncate"
     return f"replaced the rows matching {replaced.scope.filter_text!r} ({rows:,} rows)"
 
 

@@ -52,7 +52,13 @@ from lakesink_datasource.iceberg.live_files import (
     read_hidden_positions,
 )
 from lakesink_datasource.iceberg.summary_keys import TOMBSTONES
-from lakesink_datasource.index.key_columns import SEQUENCE, WINNER_FILE, WINNER_POSITION
+from lakesink_datasource.index.key_columns import (
+    WINNER_FILE,
+    WINNER_POSITION,
+    encode_sequences,
+    sequence_columns_in,
+    sequence_names,
+)
 from lakesink_datasource.index.key_encoding import encode_keys, key_hashes
 from lakesink_datasource.index.reindex import file_ref
 
@@ -65,9 +71,10 @@ class KeyRules:
 
     operation: str  # upsert | cdc | dedupe
     key_columns: tuple[str, ...]
-    sequence: str | None  # the table's sequence column (cdc with one stored in the table)
-    sequenced: bool  # cdc with a sequence column, stored in the table or not
-    tombstones: tuple[str, ...] = ()  # the batch's sequenced deletes (key columns + SEQUENCE)
+    sequence: tuple[str, ...]  # the table's sequence columns (cdc with them stored in the table; () otherwise)
+    sequenced: bool  # cdc with sequence columns, stored in the table or not
+    tombstones: tuple[str, ...] = ()  # the batch's sequenced deletes (key columns + SEQUENCE...)
+    history: bool = False  # a history table: its rows are versions, not one live row per key
     deleted_keys: tuple[str, ...] = ()  # the batch's deletes without a sequence (key columns)
 
 
@@ -78,7 +85,7 @@ class Redecision:
     hide: dict[str, PendingDeletes] = field(default_factory=dict)  # more positions to hide, by data file
     keep: dict[str, BitMap64] = field(default_factory=dict)  # positions of the batch's deletes that win after all
     keys: int = 0  # keys decided at commit
-    outcome: pa.Table | None = None  # key columns, SEQUENCE, WINNER_FILE, WINNER_POSITION
+    outcome: pa.Table | None = None  # key columns, SEQUENCE..., WINNER_FILE, WINNER_POSITION
 
 
 @dataclass(eq=False)
@@ -90,7 +97,7 @@ class _Rows:
     orders: list[int] = field(default_factory=list)  # commit order (data sequence number; _NEVER: this batch)
     entries: list[DataFile | None] = field(default_factory=list)  # the row's data file; None: a delete
     positions: list[int] = field(default_factory=list)
-    # Where each candidate's key columns (+ SEQUENCE) are: a table read from a file, and the row.
+    # Where each candidate's key columns (+ SEQUENCE...) are: a table read from a file, and the row.
     values: list[tuple[pa.Table, int]] = field(default_factory=list)
 
 
@@ -148,10 +155,15 @@ def redecide(
         tombstone_files += [(p, order) for p in props.get(TOMBSTONES, "").split(",") if p]
     if rules.sequenced:
         for path, order in tombstone_files:
-            _add_deletes(theirs, _read_keys_in(io, path, rules, touched, sequence=SEQUENCE), order, sequenced=True)
+            _add_deletes(theirs, _read_keys_in(io, path, rules, touched, sequenced=True), order, sequenced=True)
     if not theirs.keys:
         return Redecision()
-    if rules.sequenced and rules.sequence is None:
+    if rules.history:
+        raise _undecidable(
+            None, "the table keeps history, and the versions each commit wrote for those keys cannot be merged at commit "
+            "(each ended the version the other also ended)"
+        )
+    if rules.sequenced and not rules.sequence:
         raise _undecidable(
             None, "the table does not store the sequence column, so the other commit's sequences are unknown "
             "(keep the sequence column in the table to let lakesink decide such keys at commit)"
@@ -164,9 +176,9 @@ def redecide(
         found = _touched_rows(io, f.file_path, rules, narrowed, hidden=partial(_hidden, None, pending.get(f.file_path)))
         _add_rows(ours, _only(found, shared), f, _NEVER)
     for path in rules.tombstones:
-        _add_deletes(ours, _only(_read_keys_in(io, path, rules, narrowed, sequence=SEQUENCE), shared), _NEVER, sequenced=True)
+        _add_deletes(ours, _only(_read_keys_in(io, path, rules, narrowed, sequenced=True), shared), _NEVER, sequenced=True)
     for path in rules.deleted_keys:
-        _add_deletes(ours, _only(_read_keys_in(io, path, rules, narrowed, sequence=None), shared), _NEVER, sequenced=False)
+        _add_deletes(ours, _only(_read_keys_in(io, path, rules, narrowed, sequenced=False), shared), _NEVER, sequenced=False)
     return _decide(theirs, ours, rules, base)
 
 
@@ -236,8 +248,9 @@ def _decide(theirs: _Rows, ours: _Rows, rules: KeyRules, base: TableMetadata) ->
         parts = []
         for source, taken, files, positions in outcome.values():
             part = source.take(pa.array(taken, pa.int64()))
-            if SEQUENCE not in part.column_names:
-                part = part.append_column(SEQUENCE, pa.nulls(part.num_rows, pa.null()))
+            for name in sequence_names(max(len(rules.sequence), 1)):
+                if name not in part.column_names:
+                    part = part.append_column(name, pa.nulls(part.num_rows, pa.null()))
             parts.append(part.append_column(WINNER_FILE, pa.array(files, pa.string())).append_column(WINNER_POSITION, pa.array(positions, pa.int64())))
         out.outcome = pa.concat_tables(parts, promote_options="permissive")
     return out
@@ -275,7 +288,7 @@ def _hide(hide: dict[str, PendingDeletes], base: TableMetadata, entry: DataFile,
 
 @dataclass(frozen=True)
 class _Found:
-    table: pa.Table  # key columns (+ the sequence column as SEQUENCE) of the touched rows
+    table: pa.Table  # key columns (+ the sequence columns as SEQUENCE...) of the touched rows
     keys: list[bytes]
     positions: np.ndarray
 
@@ -283,7 +296,7 @@ class _Found:
 def _touched_rows(io: FileIO, path: str, rules: KeyRules, touched: np.ndarray, hidden: Callable[[], BitMap64]) -> _Found | None:
     """The visible rows of a data file whose key hash this batch touched (`hidden`: the
     positions not visible, read only when some row matched)."""
-    columns = list(rules.key_columns) + ([rules.sequence] if rules.sequence else [])
+    columns = list(rules.key_columns) + list(rules.sequence)
     with io.new_input(path).open() as stream:
         table = pq.read_table(stream, columns=columns)
     keys = encode_keys([table.column(c) for c in rules.key_columns], names=list(rules.key_columns))
@@ -296,14 +309,15 @@ def _touched_rows(io: FileIO, path: str, rules: KeyRules, touched: np.ndarray, h
         return None
     picked = table.take(pa.array(chosen))
     if rules.sequence:
-        picked = picked.rename_columns([*rules.key_columns, SEQUENCE])
+        picked = picked.rename_columns([*rules.key_columns, *sequence_names(len(rules.sequence))])
     return _Found(picked, [keys[i] for i in chosen.tolist()], chosen)
 
 
-def _read_keys_in(io: FileIO, path: str, rules: KeyRules, touched: np.ndarray, sequence: str | None) -> _Found | None:
+def _read_keys_in(io: FileIO, path: str, rules: KeyRules, touched: np.ndarray, sequenced: bool) -> _Found | None:
     """The rows of a deletes report (tombstones, deleted keys) whose key hash this batch touched."""
     with io.new_input(path).open() as stream:
-        table = pq.read_table(stream, columns=list(rules.key_columns) + ([sequence] if sequence else []))
+        table = pq.read_table(stream)
+    table = table.select([*rules.key_columns, *(sequence_columns_in(table) if sequenced else [])])
     keys = encode_keys([table.column(c) for c in rules.key_columns], names=list(rules.key_columns))
     chosen = _matching(key_hashes(keys), touched)
     if not len(chosen):
@@ -347,9 +361,9 @@ def _add_deletes(rows: _Rows, found: _Found | None, order: int, sequenced: bool)
 
 
 def _sequences(table: pa.Table) -> list[bytes | None]:
-    if SEQUENCE not in table.column_names:
+    if not sequence_columns_in(table):
         return [None] * table.num_rows
-    column = table.column(SEQUENCE)
-    if column.null_count:
+    sequences = encode_sequences(table)
+    if sequences is None:
         raise ConflictError(ConflictKind.KEY_WRITTEN_CONCURRENTLY, "a concurrent row has no sequence value; cannot decide its key at commit")
-    return list(encode_keys([column]))
+    return list(sequences)

@@ -10,7 +10,11 @@ Three scopes, all landing as one snapshot with the overwrite's new files:
 * `filter` (`replace_where`, Delta's `replaceWhere`): the live rows the filter matches.
   A file whose partition or column bounds show that all its rows match is removed; a file
   that may hold rows of both kinds is read, and its matching rows are hidden with a deletion
-  vector (a v2 position-delete file), merged with the file's live ones like any delete.
+  vector (a v2 position-delete file), merged with the file's live ones like any delete;
+* `before` (a source table's truncate, `cdc_format=debezium`): the live rows whose sequence
+  is below the truncate's position, the batch's own rows included (another task of the
+  batch may have written rows ordered before it). Files are read for their sequence
+  columns; a base file all of whose rows go is removed.
 
 An overwrite takes the table as it is when the attempt is built (Iceberg's snapshot
 isolation): rows another writer committed meanwhile into the replaced scope are replaced
@@ -23,23 +27,31 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, ManifestEntry
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
+from pyroaring import BitMap64
 
 from lakesink_datasource.commit.deletion_vectors import PendingDeletes
 from lakesink_datasource.iceberg.live_files import live_data_files
 from lakesink_datasource.iceberg.manifests import deleted_data_file
 from lakesink_datasource.iceberg.row_filter import Placement, matching_positions, parse_filter, placer
+from lakesink_datasource.index.key_encoding import encode_keys
 
-ScopeKind = Literal["table", "partitions", "filter"]
+ScopeKind = Literal["table", "partitions", "filter", "before"]
 
 
 @dataclass(frozen=True)
 class OverwriteScope:
     kind: ScopeKind
     filter_text: str | None = None  # kind "filter": Iceberg expression syntax
+    # kind "before": the table's sequence columns and the position (encoded as the keyed
+    # write encodes sequences) below which rows go.
+    sequence: tuple[str, ...] = ()
+    position: bytes = b""
 
 
 def _partition_of(f: DataFile) -> tuple[int, tuple[object, ...]]:
@@ -63,6 +75,8 @@ class Replaced:
             return True
         if self.scope.kind == "table":
             return True
+        if self.scope.kind == "before":
+            return False
         if self.scope.kind == "partitions":
             # Equality deletes and multi-file position deletes of another engine apply by
             # partition too: they go with the partition's data.
@@ -82,6 +96,8 @@ def replaced_by(
         out.partitions = {_partition_of(f) for f in added}
         if not out.partitions:
             return out  # an empty dynamic overwrite replaces nothing
+    if scope.kind == "before":
+        return _before(io, parent, scope, added, out)
     row_filter = parse_filter(scope.filter_text or "", base.schema()) if scope.kind == "filter" else None
     placers: dict[int, Callable[[DataFile], Placement]] = {}
     for entry in live_data_files(io, parent):
@@ -103,4 +119,24 @@ def replaced_by(
                 out.data_files.add(f.file_path)
             elif positions:
                 out.hidden[f.file_path] = PendingDeletes(f.spec_id, f.partition, positions)
+    return out
+
+
+def _before(io: FileIO, parent: Snapshot, scope: OverwriteScope, added: Iterable[DataFile], out: Replaced) -> Replaced:
+    """Every live row, and every row of the batch's own files, ordered before the position."""
+    for f, own in [*((e.data_file, False) for e in live_data_files(io, parent)), *((f, True) for f in added)]:
+        with io.new_input(f.file_path).open() as stream:
+            columns = pq.read_table(stream, columns=list(scope.sequence))
+        if columns.num_rows == 0:
+            continue
+        encoded = encode_keys([columns.column(c) for c in scope.sequence], names=list(scope.sequence))
+        before = np.flatnonzero(np.array(encoded, dtype=object) < scope.position)
+        if not len(before):
+            continue
+        if len(before) == columns.num_rows and not own:
+            out.data_files.add(f.file_path)  # its delete file goes with it (drops_delete_file)
+        else:
+            # A file of this very commit cannot be left out of it any more (its manifest is
+            # written once for every attempt): its rows are hidden like any other's.
+            out.hidden[f.file_path] = PendingDeletes(f.spec_id, f.partition, BitMap64(before.astype(np.uint64)))
     return out

@@ -249,6 +249,8 @@ class SnapshotProducer:
         for path, hidden in (state.replaced.hidden if state.replaced is not None else {}).items():
             mine = pending.get(path)
             pending[path] = hidden if mine is None else PendingDeletes(mine.spec_id, mine.partition, mine.positions | hidden.positions)
+        for path in state.replaced.data_files if state.replaced is not None else ():
+            pending.pop(path, None)  # the file goes whole: no DV of it is left behind
         if not pending:
             return []
         live = live_position_deletes(self._io, self._parent(base))
@@ -282,7 +284,7 @@ class SnapshotProducer:
         if parent is None:
             return []
         replaced = state.replaced
-        scoped_deletes = replaced is not None and replaced.scope.kind != "filter"
+        scoped_deletes = replaced is not None and replaced.scope.kind not in ("filter", "before")
         kept: list[ManifestFile] = []
         for manifest in read_manifest_list(self._io, parent.manifest_list):
             if not manifest.added_files_count and not manifest.existing_files_count:

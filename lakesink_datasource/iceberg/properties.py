@@ -70,6 +70,9 @@ COMPACTION_LARGE_FILE_BYTES: Final = "lakesink.maintenance.compaction-large-file
 # The highest sequence any sequenced delete of the table ever carried (order-preserving key
 # encoding, hex): what a key index that cannot read the stored tombstones must assume.
 TOMBSTONE_MAX_SEQUENCE: Final = "lakesink.tombstones.max-sequence"
+# The newest truncate a keyed table took (cdc_format=debezium): its source position, encoded
+# as sequences are (hex). A change ordered before it is ignored, whenever it arrives.
+TRUNCATED_BEFORE: Final = "lakesink.truncated-before"
 
 PARQUET_CODECS: Final = ("zstd", "snappy", "gzip", "lz4", "brotli", "uncompressed")
 # Iceberg's Avro codec names -> the Avro container's names (pyiceberg's AvroOutputFile).

@@ -53,6 +53,9 @@ MOVED_DELETES = "lakesink.deletes-moved-by-compaction"
 # sequence, file and position, or none for a deleted key) that hosts' indexes apply.
 KEYS_REDECIDED = "lakesink.keys-redecided"
 REDECIDED_KEYS = "lakesink.redecided-keys"
+# A batch that took a source table's truncate: the position (hex) its rows were hidden
+# before. Key indexes start over after it rather than follow it key by key.
+TRUNCATED = "lakesink.truncated"
 
 
 def task_attempt(partition_id: int, attempt: int) -> str:

@@ -47,7 +47,7 @@ from lakesink_datasource.iceberg.manifests import deleted_data_file
 from lakesink_datasource.iceberg.partition_key import encode_partition
 from lakesink_datasource.iceberg.summary_keys import DELETED_KEYS, DELETES_REPORTED, REDECIDED_KEYS, TOMBSTONES
 from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
-from lakesink_datasource.index.key_columns import SEQUENCE, TOMBSTONE, WINNER_FILE, WINNER_POSITION, KeyColumns
+from lakesink_datasource.index.key_columns import TOMBSTONE, WINNER_FILE, WINNER_POSITION, KeyColumns, encode_sequences
 from lakesink_datasource.index.key_encoding import encode_keys
 from lakesink_datasource.index.location_codec import pack_positions
 from lakesink_datasource.index.reindex import file_ref, index_files, read_keys
@@ -107,7 +107,7 @@ def follow_changes(
         mine = [o is not None for o in index.known_ordinals(file_ref(metadata, e.data_file) for e in added)]
         added = [e for e, known in zip(added, mine) if not known]
     written = index_files(index, io, metadata, [(e.data_file, e.sequence_number or 0) for e in added], columns, deletes=on_added)
-    if props.get(DELETES_REPORTED) == "true" and columns.sequence is not None:
+    if props.get(DELETES_REPORTED) == "true" and columns.sequence:
         _restore_reported_tombstones(index, io, props, columns, own_digest)
     index.forget_files([file_ref(metadata, e.data_file) for e in removed])
     return Followed(written, deleted)
@@ -157,7 +157,9 @@ def _restore_reported_tombstones(index: ShardedIndex, io: FileIO, props: dict[st
     if rows is None or rows.num_rows == 0:
         return
     keys = encode_keys([rows.column(c) for c in columns.key], names=list(columns.key))
-    sequences = encode_keys([rows.column(SEQUENCE)])
+    sequences = encode_sequences(rows)
+    if sequences is None:
+        return
     newest: dict[bytes, bytes] = {}
     for key, seq in zip(keys, sequences):
         if key not in newest or newest[key] < seq:
@@ -203,8 +205,7 @@ def follow_redecided(index: ShardedIndex, io: FileIO, snapshot: Snapshot, column
     if rows is None or rows.num_rows == 0:
         return 0
     keys = encode_keys([rows.column(c) for c in columns.key], names=list(columns.key))
-    sequence = rows.column(SEQUENCE)
-    sequences = encode_keys([sequence]) if columns.sequence is not None and sequence.null_count == 0 else None
+    sequences = encode_sequences(rows) if columns.sequence else None
     winners = rows.column(WINNER_FILE).to_pylist()
     positions = rows.column(WINNER_POSITION).to_pylist()
     by_file: dict[str | None, list[int]] = {}

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from lakesink_datasource.index.key_encoding import encode_keys
 from lakesink_datasource.index.key_route import KeyRoute
 
 TOMBSTONE = 0xFFFF_FFFF  # file ordinal of a deleted key that remembers its sequence
-SEQUENCE = "__lakesink_sequence"  # the sequence column's name in tombstone files
+SEQUENCE = "__lakesink_sequence"  # the (first) sequence column's name in tombstone files
 TOMBSTONE_DIR = "lakesink-tombstones"  # under the data path: the files keyed tasks report deletes in
 # The keys a commit decided against concurrent commits (commit/key_conflicts.py): key
 # columns, SEQUENCE (the winner's, null without one), the winning row's encoded file ref and
@@ -24,8 +25,11 @@ class KeyColumns:
     """Which table columns form the key and the sequence (as stored in data files)."""
 
     key: tuple[str, ...]
-    sequence: str | None  # None when no sequence column, or it is not stored in the table
+    sequence: tuple[str, ...] = ()  # the sequence columns, compared in order (): none, or not stored in the table
     route: KeyRoute | None = None  # the one key shard an index holds (None: every key)
+    # A history table's end column: only rows where it is null (each key's current version)
+    # are the key's; the others are versions that ended.
+    current: str | None = None
 
     def skips_file(self, path: str) -> bool:
         """A data file an index of one key shard need not read: it holds another shard's keys."""
@@ -40,3 +44,29 @@ class KeyColumns:
         if keep.all():
             return table, None
         return table.filter(pa.array(keep)), keep
+
+
+def sequence_names(count: int) -> tuple[str, ...]:
+    """The names `count` sequence columns take in tombstone and outcome files: SEQUENCE, then
+    SEQUENCE_2, SEQUENCE_3... (a single sequence keeps the one name files always had)."""
+    return (SEQUENCE, *(f"{SEQUENCE}_{i}" for i in range(2, count + 1)))
+
+
+def sequence_columns_in(table: pa.Table) -> list[str]:
+    """The sequence columns a tombstone or outcome file holds, in order."""
+    names = []
+    for name in sequence_names(len(table.column_names)):
+        if name not in table.column_names:
+            break
+        names.append(name)
+    return names
+
+
+def encode_sequences(table: pa.Table) -> list[bytes] | None:
+    """Each row's sequence, encoded (`key_encoding.encode_keys` over the sequence columns in
+    order, so comparing the bytes compares the columns one after another); None when the file
+    holds no sequence or a row has none (a delete without one)."""
+    names = sequence_columns_in(table)
+    if not names or any(table.column(n).null_count or pa.types.is_null(table.column(n).type) for n in names):
+        return None
+    return encode_keys([table.column(n) for n in names], names=names)

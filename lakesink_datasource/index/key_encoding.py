@@ -20,6 +20,8 @@ Per column (no type tag: the table fixes the column types):
   the sign bit flipped (all values of a column share the scale, so the unscaled integer
   order is the decimal order);
 * fixed_size_binary: the raw bytes (fixed width needs no terminator);
+* struct: its fields, one after another, as if they were columns of their own (a sequence
+  such as a source position of several parts; keys are never structs);
 * string / binary: UTF-8 / raw bytes with 0x00 escaped as 0x00 0xFF and terminated by
   0x00 0x00. The terminator sorts below any continuation (a real 0x00 becomes 0x00 0xFF,
   anything else is > 0x00), so a prefix sorts first, and the encoding is prefix-free, so
@@ -75,7 +77,7 @@ def encode_keys(
         raise ValueError("encode_keys needs at least one key column")
     if names is not None and len(names) != len(columns):
         raise ValueError(f"{len(names)} names given for {len(columns)} key columns")
-    arrays = [_as_array(col) for col in columns]
+    arrays, names = _flatten_structs([_as_array(col) for col in columns], names)
     n = len(arrays[0])
     for i, arr in enumerate(arrays):
         if len(arr) != n:
@@ -101,6 +103,26 @@ def encode_keys(
     if len(fixed) == len(arrays):
         return _rows_from_matrix(np.hstack(fixed) if len(fixed) > 1 else fixed[0])
     return _rows_from_parts(parts, n)
+
+
+def _flatten_structs(arrays: list[pa.Array], names: Sequence[str] | None) -> tuple[list[pa.Array], Sequence[str] | None]:
+    """A struct column compares as its fields, one after another (a sequence such as a source
+    position of several parts): its fields take its place, a null struct nulls them all."""
+    if not any(pa.types.is_struct(a.type) for a in arrays):
+        return arrays, names
+    flat: list[pa.Array] = []
+    labels: list[str] = []
+    for i, arr in enumerate(arrays):
+        label = names[i] if names is not None else f"#{i}"
+        if not pa.types.is_struct(arr.type):
+            flat.append(arr)
+            labels.append(label)
+            continue
+        assert isinstance(arr, pa.StructArray)
+        inner, inner_names = _flatten_structs(arr.flatten(), [f"{label}.{f.name}" for f in arr.type])
+        flat += inner
+        labels += list(inner_names or ())
+    return flat, (labels if names is not None else None)
 
 
 def _label(index: int, names: Sequence[str] | None) -> str:

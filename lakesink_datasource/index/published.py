@@ -63,6 +63,12 @@ MIN_KEYS = 100_000  # below this a rebuild is cheap: nothing is published
 _CHUNK = 8 << 20
 
 
+def manifest_sequence(columns: KeyColumns) -> str | None:
+    """The sequence columns as a copy's manifest names them (one name, as copies always
+    had; several joined by commas)."""
+    return ",".join(columns.sequence) or None
+
+
 class CopyManifest(msgspec.Struct, frozen=True):
     """What a published copy holds: written last, so its presence means the copy is whole."""
 
@@ -129,7 +135,7 @@ def maybe_publish(index: ShardedIndex, io: FileIO, metadata: TableMetadata, colu
     index.files.set_last_published(state.sequence_number or 0)
     manifest_base = CopyManifest(
         str(metadata.table_uuid), state.snapshot_id, state.sequence_number, len(index.shards), list(columns.key),
-        columns.sequence, {}, keys, publisher, 0,
+        manifest_sequence(columns), {}, keys, publisher, 0,
         key_shard=columns.route.shard if columns.route else None, key_shards=columns.route.shards if columns.route else None,
     )
     root = copies_root(metadata, columns.route)
@@ -299,7 +305,7 @@ def _unusable(manifest: CopyManifest, metadata: TableMetadata, columns: KeyColum
         return f"format {manifest.format}"
     if manifest.table_uuid != str(metadata.table_uuid):
         return f"of another table ({manifest.table_uuid})"
-    if manifest.key_columns != list(columns.key) or manifest.sequence_column != columns.sequence:
+    if manifest.key_columns != list(columns.key) or manifest.sequence_column != manifest_sequence(columns):
         return "of other key or sequence columns"
     if manifest.shards != shards:
         return f"{manifest.shards} shards, not {shards}"

@@ -27,7 +27,7 @@ from lakesink_datasource.iceberg.properties import TOMBSTONE_MAX_SEQUENCE
 from lakesink_datasource.iceberg.summary_keys import TOMBSTONES
 from lakesink_datasource.index.environment import IndexState
 from lakesink_datasource.index.file_refs import FileRef, encode_ref
-from lakesink_datasource.index.key_columns import SEQUENCE, TOMBSTONE, KeyColumns
+from lakesink_datasource.index.key_columns import TOMBSTONE, KeyColumns, encode_sequences
 from lakesink_datasource.index.key_encoding import encode_keys
 from lakesink_datasource.index.location_codec import Location, pack_positions
 from lakesink_datasource.index.sharded_index import ShardedIndex
@@ -46,10 +46,14 @@ def file_ref(metadata: TableMetadata, data_file: DataFile) -> str:
 def read_keys(io: FileIO, path: str, columns: KeyColumns, deletes: ManifestEntry | None) -> tuple[list[bytes], list[bytes] | None, np.ndarray]:
     """The encoded keys (and sequences) of a data file's rows `deletes` leaves visible, with
     each row's position."""
-    read = list(columns.key) + ([columns.sequence] if columns.sequence else [])
+    read = list(columns.key) + list(columns.sequence) + ([columns.current] if columns.current else [])
     with io.new_input(path).open() as stream:
         table = pq.read_table(stream, columns=read)
     table, positions = without_hidden_rows(io, table, deletes)
+    if columns.current is not None and table.num_rows:
+        # A history table: a key is its current version's (the ended ones are history).
+        current = table.column(columns.current).is_null()
+        table, positions = table.filter(current), np.asarray(positions)[np.asarray(current.to_numpy(zero_copy_only=False), dtype=bool)]
     # An index of one key shard holds only that shard's keys, whoever wrote the file.
     table, kept = columns.own_rows(table)
     if kept is not None:
@@ -57,7 +61,7 @@ def read_keys(io: FileIO, path: str, columns: KeyColumns, deletes: ManifestEntry
     if table.num_rows == 0:
         return [], None, positions
     keys = encode_keys([table.column(c) for c in columns.key], names=list(columns.key))
-    sequences = encode_keys([table.column(columns.sequence)]) if columns.sequence else None
+    sequences = encode_keys([table.column(c) for c in columns.sequence], names=list(columns.sequence)) if columns.sequence else None
     return keys, sequences, positions
 
 
@@ -86,7 +90,7 @@ def index_files(
     return indexed
 
 
-# A source of stored tombstone rows (key columns + SEQUENCE): the companion table. Returns
+# A source of stored tombstone rows (key columns + the sequence columns, SEQUENCE...): the companion table. Returns
 # None when there is none; raises TombstonesUnreadable when it exists but cannot be read.
 StoredTombstones = Callable[[], pa.Table | None]
 
@@ -109,7 +113,7 @@ def restore_tombstones(
     companion table's rows and the tombstone files named in the current snapshot's ancestors
     (those not stored yet): the highest deleted sequence per key is kept. False when the
     companion table could not be read (deletes whose snapshots expired are then unknown)."""
-    if columns.sequence is None:
+    if not columns.sequence:
         return True
     newest: dict[bytes, bytes] = {}
 
@@ -118,7 +122,10 @@ def restore_tombstones(
         if table.num_rows == 0:
             return
         keys = encode_keys([table.column(c) for c in columns.key], names=list(columns.key))
-        for key, seq in zip(keys, encode_keys([table.column(SEQUENCE)])):
+        sequences = encode_sequences(table)
+        if sequences is None:
+            return
+        for key, seq in zip(keys, sequences):
             if key not in newest or newest[key] < seq:
                 newest[key] = seq
 

@@ -17,7 +17,7 @@ the tokens' part is `tokens.py`):
    - keys a batch decided at commit against concurrent commits are set to its outcome last;
    - a batch this host holds already (pending tokens) that another writer's commit overtook
      (landed between its plan and its commit) makes the index start over (`_overtaken`);
-   - what cannot be followed (equality deletes, history the index's state is not in:
+   - what cannot be followed (equality deletes, a source table's truncate, history the index's state is not in:
      expired or another table, no index at all, an interrupted catch-up toward another
      snapshot) starts over: from a published copy of the index when one fits
      (`published.py`), else by rebuilding from the planned snapshot, logged with the reason;
@@ -44,7 +44,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Snapshot
 
 from lakesink_datasource.iceberg.history import snapshots_after
-from lakesink_datasource.iceberg.summary_keys import REDECIDED_KEYS, WRITE_ID
+from lakesink_datasource.iceberg.summary_keys import REDECIDED_KEYS, TRUNCATED, WRITE_ID
 from lakesink_datasource.index.environment import IndexState
 from lakesink_datasource.index.follow_changes import CannotFollow, follow_changes, follow_redecided
 from lakesink_datasource.index.follow_compaction import fold_moves, fold_needed, follow_compaction
@@ -154,6 +154,10 @@ def _walk(
     for snapshot in path:
         report.snapshots += 1
         summary = snapshot.summary
+        if summary is not None and TRUNCATED in summary.additional_properties:
+            # A source table's truncate hid rows by position, not by key: an index reads the
+            # few rows left (and the tombstones) again rather than follow it key by key.
+            return f"snapshot {snapshot.snapshot_id} took its source table's truncate"
         own = settle_own_part(index, pending, snapshot, host)
         if isinstance(own, str):
             return own

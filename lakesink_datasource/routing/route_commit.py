@@ -88,10 +88,33 @@ def commit_routed(
         rows_in = sum(r.stats.rows_in for r in results)
         written = sum(r.stats.rows_written for r in results)
         print(
-            f"lakesink: {where} routed to {len(names)} table(s), {rows_in:,} rows in, {written:,} written, {how}",
+            f"lakesink: {where} routed to {len(names)} table(s), {rows_in:,} rows in, {written:,} written, {how}{_notes(messages, tables)}",
             file=sys.stderr, flush=True,
         )
     return how
+
+
+def _notes(messages: list[WriterCommitMessage | None], tables: Tables) -> str:
+    """What a Debezium batch read besides rows: records skipped, change logs, truncates."""
+    skipped: dict[str, int] = {}
+    logs: set[str] = set()
+    for m in messages:
+        if isinstance(m, RoutedTablesMessage):
+            for kind, count in m.skipped.items():
+                skipped[kind] = skipped.get(kind, 0) + count
+            logs.update(m.change_logs)
+    truncated = sorted(
+        name for name, (_, table_messages) in tables.items()
+        if any(isinstance(m, LakeSinkCommitMessage) and m.result().truncated_at is not None for m in table_messages)
+    )
+    notes = []
+    if skipped:
+        notes.append("skipped " + ", ".join(f"{count:,} {kind}" for kind, count in sorted(skipped.items())))
+    if logs:
+        notes.append(f"kept as change logs (no key at the source): {', '.join(sorted(logs))}")
+    if truncated:
+        notes.append(f"truncated at the source: {', '.join(truncated)}")
+    return "".join(f"; {n}" for n in notes)
 
 
 def _commit_together(

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 import msgspec
 
+from lakesink_datasource.debezium.options import DEBEZIUM_OPTIONS, DebeziumOptions, parse_debezium
 from lakesink_datasource.options import OptionError, WriteOptions, bool_option, parse_options
 
 ROUTING_OPTIONS = ("table_column", "namespace", "payload_column", "key_column", "create_tables", "commit_tables")
@@ -32,7 +33,7 @@ _SHARED_ONLY = ("table", "path", "txn_app_id", "txn_version", "op_column", "sequ
 
 
 class RoutingOptions(msgspec.Struct, frozen=True, kw_only=True):
-    table_column: str
+    table_column: str  # "" with cdc_format: the events name their tables
     namespace: str | None = None
     payload_column: str | None = None
     key_column: str | None = None
@@ -40,14 +41,20 @@ class RoutingOptions(msgspec.Struct, frozen=True, kw_only=True):
     commit_tables: str = "together"
     common: dict[str, str] = {}  # options for every table, as Spark gave them
     per_table: dict[str, dict[str, str]] = {}  # table identifier -> its own options
+    # cdc_format=debezium: the records are Debezium's, read from Spark's Kafka columns.
+    debezium: DebeziumOptions | None = None
 
-    def table_options(self, identifier: str) -> WriteOptions:
-        """The write options of one table: the common ones, its own over them."""
-        raw = {**self.common, **self.per_table.get(identifier, {}), "table": identifier}
+    def table_options(self, identifier: str, derived: Mapping[str, str] | None = None, without: tuple[str, ...] = ()) -> WriteOptions:
+        """The write options of one table: the common ones, its own over them, and what its
+        events decide (`derived`: with cdc_format, its key, op and order) over both; options
+        named in `without` left out (what a change log cannot take)."""
+        given = {**self.common, **self.per_table.get(identifier, {})}
+        raw = {**{k: v for k, v in given.items() if k.lower() not in without}, **(derived or {}), "table": identifier}
         try:
             return parse_options(raw)
         except OptionError as exc:
-            raise OptionError(f"table {identifier} (routed by '{self.table_column}'): {exc}") from None
+            how = "cdc_format=debezium" if self.debezium is not None else f"routed by '{self.table_column}'"
+            raise OptionError(f"table {identifier} ({how}): {exc}") from None
 
     def identifier(self, name: str) -> str:
         """`name` as `namespace.table`; a bare name takes option `namespace`."""
@@ -62,7 +69,7 @@ class RoutingOptions(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def is_routed(raw: Mapping[str, str]) -> bool:
-    return any(key.lower() == "table_column" for key in raw)
+    return any(key.lower() in ("table_column", "cdc_format") for key in raw)
 
 
 def parse_routing(raw: Mapping[str, str]) -> RoutingOptions:
@@ -71,8 +78,11 @@ def parse_routing(raw: Mapping[str, str]) -> RoutingOptions:
     routing: dict[str, str] = {}
     common: dict[str, str] = {}
     per_table: dict[str, dict[str, str]] = {}
+    debezium = parse_debezium(raw) if any(k.lower() == "cdc_format" for k in raw) else None
     for key, value in raw.items():
         name = key.lower()
+        if debezium is not None and name in DEBEZIUM_OPTIONS:
+            continue  # the format's own (DebeziumOptions)
         if name in ROUTING_OPTIONS:
             routing[name] = value
         elif name.startswith(_PER_TABLE):
@@ -94,7 +104,7 @@ def parse_routing(raw: Mapping[str, str]) -> RoutingOptions:
                 "table's main branch, with the partitioning it has; write that table on its own"
             )
     column = routing.get("table_column", "").strip()
-    if not column:
+    if not column and debezium is None:
         raise OptionError("option 'table_column' names the column holding each row's table, e.g. 'table'")
     clashing = sorted(k for k in common if k.lower() in ("table", "path", "txn_app_id", "txn_version"))
     if clashing:
@@ -110,9 +120,9 @@ def parse_routing(raw: Mapping[str, str]) -> RoutingOptions:
         raise OptionError(f"option 'commit_tables' must be one of {', '.join(COMMIT_MODES)}, got {commit_tables!r}")
     options = RoutingOptions(
         table_column=column, commit_tables=commit_tables, namespace=namespace, payload_column=routing.get("payload_column", "").strip() or None,
-        key_column=routing.get("key_column", "").strip() or None,
+        key_column=routing.get("key_column", "").strip() or None if debezium is None else None,
         create_tables=bool_option("create_tables", routing["create_tables"]) if "create_tables" in routing else True,
-        common=common, per_table=per_table,
+        common=common, per_table=per_table, debezium=debezium,
     )
     # Every table's options are parsed now, so a bad one fails before anything is written;
     # a table met later without options of its own gets the common ones, checked here too.

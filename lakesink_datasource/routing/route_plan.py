@@ -12,8 +12,9 @@ import uuid
 from collections.abc import Mapping
 
 import msgspec
-from pyspark.sql.types import MapType, StringType, StructType
+from pyspark.sql.types import BinaryType, IntegerType, LongType, MapType, StringType, StructType
 
+from lakesink_datasource.debezium.options import DebeziumOptions
 from lakesink_datasource.index.key_route import ROUTE_BY_TEXT, ROUTE_COLUMN
 from lakesink_datasource.options import OptionError
 from lakesink_datasource.routing.route_options import RoutingOptions, parse_routing
@@ -34,7 +35,10 @@ def plan_routed_write(raw: Mapping[str, str], schema: StructType, overwrite: boo
     cannot be written."""
     options = parse_routing(raw)
     if overwrite:
-        raise OptionError("option 'table_column' routes rows into tables by appending or by key; an overwrite of many tables is not supported")
+        what = "cdc_format" if options.debezium is not None else "table_column"
+        raise OptionError(f"option '{what}' routes rows into tables by appending or by key; an overwrite of many tables is not supported")
+    if options.debezium is not None:
+        return RoutedWrite(options=msgspec.structs.replace(options, debezium=_kafka_columns(options.debezium, schema)), write_id=uuid.uuid4().hex)
     route = next((f for f in schema.fields if f.name == ROUTE_COLUMN), None)
     if route is not None and not route.metadata.get(ROUTE_BY_TEXT):
         raise OptionError(
@@ -66,3 +70,37 @@ def plan_routed_write(raw: Mapping[str, str], schema: StructType, overwrite: boo
         key_column=names[options.key_column.lower()].name if options.key_column else None,
     )
     return RoutedWrite(options=options, write_id=uuid.uuid4().hex)
+
+
+def _kafka_columns(debezium: DebeziumOptions, schema: StructType) -> DebeziumOptions:
+    """The DataFrame's columns of Spark's Kafka source, as named (value, key) or found (topic,
+    partition, offset: without them, errors name records by their place in the input and
+    the Kafka offset does not break ties)."""
+    names = {f.name.lower(): f for f in schema.fields}
+    value = names.get(debezium.value_column.lower())
+    if value is None:
+        raise OptionError(
+            f"option 'value_column': column '{debezium.value_column}' is not in the DataFrame ({', '.join(schema.fieldNames())}); "
+            "cdc_format=debezium reads Spark's Kafka source: give its 'value' column (or name yours with value_column)"
+        )
+    if not isinstance(value.dataType, (BinaryType, StringType, StructType)):
+        raise OptionError(
+            f"option 'value_column': column '{value.name}' is {value.dataType.simpleString()}: give the record's value as "
+            "Kafka's bytes or a string of JSON, or Debezium's envelope as a struct (decoded from Avro or Protobuf)"
+        )
+    key = names.get(debezium.key_column.lower())
+    if key is None:
+        raise OptionError(
+            f"option 'key_column': column '{debezium.key_column}' is not in the DataFrame ({', '.join(schema.fieldNames())}); "
+            "Debezium's message key holds each row's primary key: keep Kafka's 'key' column (or name yours with key_column)"
+        )
+    if not isinstance(key.dataType, (BinaryType, StringType, StructType)):
+        raise OptionError(f"option 'key_column': column '{key.name}' is {key.dataType.simpleString()}: give Kafka's bytes, JSON text or a struct")
+    found = {}
+    for role, expected in (("topic", StringType), ("partition", IntegerType), ("offset", LongType)):
+        field = names.get(role)
+        found[role] = field.name if field is not None and isinstance(field.dataType, expected) else None
+    return msgspec.structs.replace(
+        debezium, value_column=value.name, key_column=key.name, topic_column=found["topic"], partition_column=found["partition"],
+        offset_column=found["offset"],
+    )

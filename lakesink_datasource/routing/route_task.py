@@ -18,9 +18,14 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyiceberg.table import Table
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
+from lakesink_datasource.debezium.decode import OP_COLUMN, Decoded, DecodedTable, decode
+from lakesink_datasource.debezium.envelope import DebeziumInputError
+from lakesink_datasource.debezium.options import DEFAULT_PLACEHOLDER
+from lakesink_datasource.debezium.positions import POSITION_COLUMN
 from lakesink_datasource.index import environment
 from lakesink_datasource.index.key_route import NO_ROUTE, ROUTE_COLUMN, misrouted_message, text_misrouted
 from lakesink_datasource.messages import LakeSinkCommitMessage, RoutedTablesMessage
@@ -28,6 +33,7 @@ from lakesink_datasource.options import KEYED_OPERATIONS, WriteOptions
 from lakesink_datasource.routing.route_plan import RoutedWrite
 from lakesink_datasource.routing.route_rows import RoutedInputError, key_fields, split_by_table, table_rows
 from lakesink_datasource.schema.arrow_align import table_arrow_schema
+from lakesink_datasource.schema.spark_types import SchemaError
 from lakesink_datasource.table import metadata_cache
 from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.table.setup import RouteCheck, check_table_route, find_table, plan_table_route
@@ -38,6 +44,44 @@ log = logging.getLogger("lakesink")
 
 def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who: TaskIdentity | None = None) -> RoutedTablesMessage:
     who = who or TaskIdentity.from_spark()
+    # Every table's rows are read and checked before any table is created, changed or written:
+    # one table's bad payload or option leaves the others as they were.
+    if write.options.debezium is not None:
+        incoming, notes = _debezium_tables(write, batches)
+    else:
+        incoming = _routed_tables(write, batches)
+        notes = TaskNotes()
+    written: list[tuple[str, bytes, bytes]] = []
+    done: list[tuple[WritePlan, LakeSinkCommitMessage]] = []
+    try:
+        for identifier, (options, rows, checked, truncated_at, clustered) in incoming.items():
+            plan = plan_table_route(
+                options, _table_columns(rows), write.table_write_id(identifier), create=write.options.create_tables,
+                checked=checked, clustered=clustered,
+            )
+            if truncated_at is not None:
+                plan = msgspec.structs.replace(plan, truncated_at=truncated_at)
+            opened_before = environment.cached_paths() if plan.keyed is not None else set()
+            message = write_task(plan, iter(rows.to_batches()), who)
+            if plan.keyed is not None:
+                _keep_open(identifier, environment.cached_paths() - opened_before)
+            done.append((plan, message))
+            # Pickled as Spark ships the plan to tasks: a catalog's config may hold objects (a REST
+            # catalog's auth manager) that msgpack cannot encode.
+            written.append((identifier, pickle.dumps(plan), message.payload))
+    except BaseException:
+        _abandon(done)
+        raise
+    return RoutedTablesMessage(written, notes.skipped, notes.change_logs)
+
+
+# A table's options, rows, check, the truncate its rows end with (cdc_format=debezium), and
+# whether its rows carry cluster_by_key's route (a keyed table's task then holds one key shard).
+Incoming = dict[str, tuple[WriteOptions, pa.Table, RouteCheck, bytes | None, bool]]
+
+
+def _routed_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> Incoming:
+    """Rows routed by `table_column`, per table, parsed and checked."""
     gathered: dict[str, list[pa.Table]] = {}
     for batch in batches:
         if batch.num_rows:
@@ -46,9 +90,7 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
     # Rows cluster_by_key routed by key shard carry their route: each keyed table's task
     # then holds that one shard of the table's keys (write.task reads the route).
     clustered = any(ROUTE_COLUMN in rows.column_names for tables in gathered.values() for rows in tables)
-    # Every table's rows are read and checked before any table is created, changed or written:
-    # one table's bad payload or option leaves the others as they were.
-    incoming: dict[str, tuple[WriteOptions, pa.Table, RouteCheck]] = {}
+    incoming: Incoming = {}
     for identifier in sorted(gathered):
         options = write.options.table_options(identifier)
         received = pa.concat_tables(gathered.pop(identifier))
@@ -63,27 +105,85 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
         key = checked.keyed.table_key_columns if checked.keyed is not None else options.primary_key  # a new table's: its option's
         if clustered and key and options.operation in KEYED_OPERATIONS:
             _check_clustered_keys(identifier, rows, key, stored)
-        incoming[identifier] = options, rows, checked
-    written: list[tuple[str, bytes, bytes]] = []
-    done: list[tuple[WritePlan, LakeSinkCommitMessage]] = []
-    try:
-        for identifier, (options, rows, checked) in incoming.items():
-            plan = plan_table_route(
-                options, _table_columns(rows), write.table_write_id(identifier), create=write.options.create_tables,
-                checked=checked, clustered=clustered,
+        incoming[identifier] = options, rows, checked, None, clustered
+    return incoming
+
+
+class TaskNotes(msgspec.Struct):
+    """What a Debezium task read besides its tables' rows, for the batch's progress line."""
+
+    skipped: dict[str, int] = {}  # records that change no table, by kind
+    change_logs: list[str] = []  # tables kept as change logs (no key at the source)
+
+
+def _debezium_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> tuple[Incoming, TaskNotes]:
+    """A task's Debezium records decoded into each source table's rows (debezium/decode.py),
+    with the options the events decide: its key, its op and order, or a change log."""
+    debezium = write.options.debezium
+    assert debezium is not None
+    parts = [b for b in batches if b.num_rows]
+    records = pa.Table.from_batches(parts) if parts else None
+    tables: dict[str, Table | None] = {}
+
+    def found(identifier: str) -> Table | None:
+        if identifier not in tables:
+            tables[identifier] = find_table(write.options.table_options(identifier))
+        return tables[identifier]
+
+    def schema_of(identifier: str) -> pa.Schema | None:
+        table = found(identifier)
+        return table_arrow_schema(table.schema()) if table is not None else None
+
+    decoded = decode(records, debezium, schema_of) if records is not None else Decoded()
+    incoming: Incoming = {}
+    notes = TaskNotes(skipped=decoded.skipped)
+    for part in decoded.tables:
+        table = found(part.identifier)
+        keyed = part.keyed
+        if table is not None and not table.schema().identifier_field_ids and OP_COLUMN in table.schema().column_names:
+            keyed = False  # a change log lakesink made: it stays one
+        elif table is not None and table.schema().identifier_field_ids and not keyed:
+            raise DebeziumInputError(
+                f"table {part.identifier} has a primary key, but its events in this batch carry no message key: was the "
+                "source table's primary key dropped? Write its events to another table (option table_name). Nothing was written"
             )
-            opened_before = environment.cached_paths() if plan.keyed is not None else set()
-            message = write_task(plan, iter(rows.to_batches()), who)
-            if plan.keyed is not None:
-                _keep_open(identifier, environment.cached_paths() - opened_before)
-            done.append((plan, message))
-            # Pickled as Spark ships the plan to tasks: a catalog's config may hold objects (a REST
-            # catalog's auth manager) that msgpack cannot encode.
-            written.append((identifier, pickle.dumps(plan), message.payload))
-    except BaseException:
-        _abandon(done)
-        raise
-    return RoutedTablesMessage(written)
+        own = write.options.table_options(part.identifier)
+        derived = _derived_options(part, keyed, own)
+        # A change log appends its events: what only keyed tables take is left out.
+        without = () if keyed else ("history", "track_history_columns", "track_history_except_columns", "unavailable_value")
+        options = write.options.table_options(part.identifier, derived, without)
+        rows = part.rows if keyed or ROUTE_COLUMN not in part.rows.column_names else part.rows.drop_columns([ROUTE_COLUMN])
+        clustered = ROUTE_COLUMN in rows.column_names
+        try:
+            checked = check_table_route(options, _table_columns(rows), table, create=write.options.create_tables, clustered=clustered)
+        except SchemaError as exc:
+            hint = (
+                ". Iceberg cannot change a decimal's scale: the source column's scale changed, so give its events a table of "
+                "their own (option table_name) or change the table first" if "decimal" in str(exc) else ""
+            )
+            raise SchemaError(f"table {part.identifier} (cdc_format=debezium): {exc}{hint}. Nothing was written") from None
+        if not keyed:
+            notes.change_logs.append(part.identifier)
+        elif clustered:
+            key = checked.keyed.table_key_columns if checked.keyed is not None else options.primary_key
+            if key:
+                _check_clustered_keys(part.identifier, rows, key, schema_of(part.identifier))
+        incoming[part.identifier] = options, rows, checked, part.truncated_at if keyed else None, clustered
+    return incoming, notes
+
+
+def _derived_options(part: DecodedTable, keyed: bool, own: WriteOptions) -> dict[str, str]:
+    """What a table's events decide: a keyed table is written by key in the order of the
+    source's log (its op and position), a table without a key appends its events. A new field
+    of the source adds a column (the source changed: no merge_schema needed)."""
+    if not keyed:
+        return {"operation": "append", "merge_schema": "true"}
+    derived = {"operation": "cdc", "op_column": OP_COLUMN, "sequence_column": POSITION_COLUMN, "merge_schema": "true"}
+    if part.key:
+        derived["primary_key"] = ",".join(part.key)
+    if own.unavailable_value is None:
+        derived["unavailable_value"] = DEFAULT_PLACEHOLDER
+    return derived
 
 
 def _text_key_type(t: pa.DataType) -> bool:

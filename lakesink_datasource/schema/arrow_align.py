@@ -144,7 +144,12 @@ class BatchAligner:
         self._keys = {k.lower() for k in keys}  # null keys get the keyed path's own error
         self._defaults = list(defaults) if defaults is not None else [None] * len(sources)
 
-    def align(self, batch: pa.RecordBatch) -> pa.Table:
+    @property
+    def schema(self) -> pa.Schema:
+        """The table's Arrow schema the rows are aligned to."""
+        return self._target
+
+    def align(self, batch: pa.RecordBatch | pa.Table) -> pa.Table:
         n = batch.num_rows
         columns = []
         for field, source, default in zip(self._target, self._sources, self._defaults):

@@ -19,17 +19,29 @@ from lakesink_datasource.iceberg.retry import REAL_TIME, RetryClock, RetryPolicy
 from lakesink_datasource.options import WriteOptions
 
 
+class HistoryPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """A history table's columns (write/history.py)."""
+
+    start: str  # the table's __start_at
+    end: str  # the table's __end_at
+    tracked: tuple[str, ...]  # table columns whose change starts a version
+    data: tuple[str, ...]  # table columns a change may differ in (all but the key, bounds and sequence)
+    partial: bool  # some columns are not tracked (their changes update the current version in place)
+    at: float | None  # no sequence column: the batch's time (epoch seconds), where its versions start
+
+
 class KeyedPlan(msgspec.Struct, frozen=True, kw_only=True):
     """Column roles of a keyed write, by DataFrame name (sources) and table name."""
 
     key_sources: tuple[str, ...]
     op_source: str | None
-    sequence_source: str | None
+    sequence_sources: tuple[str, ...]  # compared in order; (): no sequence
     table_key_columns: tuple[str, ...]
-    table_sequence_column: str | None  # None when the sequence is not stored in the table
+    table_sequence_columns: tuple[str, ...]  # (): the sequence is not stored in the table (all of its columns)
     # The rows carry cluster_by_key's route column: each task holds one key shard and opens
     # its host's index of that shard only (index/key_route.py).
     routed: bool = False
+    history: HistoryPlan | None = None  # history=true: every version of each key is kept
 
 
 class WritePlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,6 +67,9 @@ class WritePlan(msgspec.Struct, frozen=True, kw_only=True):
     plan_seconds: float = 0.0
     # maintenance=auto: the compaction the write's tasks carry out beside their rows.
     compaction: CarriedCompaction | None = None
+    # A routed task met its source table's truncate (cdc_format=debezium): its position,
+    # encoded as the write's sequences are. The commit hides the rows ordered before it.
+    truncated_at: bytes | None = None
 
 
 def write_schema(plan: WritePlan, metadata: TableMetadata) -> Schema:

@@ -38,6 +38,7 @@ from lakesink_datasource.options import KEYED_OPERATIONS, OptionError, WriteOpti
 from lakesink_datasource.schema.evolution import Evolution, describe_differences, merge_schema
 from lakesink_datasource.schema.spark_types import SchemaError, check_dataframe_columns, column_mapping, spark_to_iceberg_schema
 from lakesink_datasource.table.checkpoint import committed_batches
+from lakesink_datasource.table.history_columns import check_history_options, plan_history, with_history_columns
 from lakesink_datasource.table.location_guard import (
     LocationInUse,
     created_meanwhile,
@@ -61,10 +62,11 @@ def load_table(catalog: Catalog, identifier: str) -> Table | None:
 
 
 def _stored_columns(options: WriteOptions, spark_schema: StructType) -> StructType:
-    """The DataFrame columns that become table columns (the cdc op column is not stored)."""
-    if options.op_column is None:
-        return spark_schema
-    return StructType([f for f in spark_schema.fields if f.name.lower() != options.op_column.lower()])
+    """The DataFrame columns that become table columns (the cdc op column is not stored), and
+    a history table's bounds."""
+    if options.op_column is not None:
+        spark_schema = StructType([f for f in spark_schema.fields if f.name.lower() != options.op_column.lower()])
+    return with_history_columns(options, spark_schema)
 
 
 def without_route(spark_schema: StructType) -> tuple[StructType, tuple[str, ...] | None]:
@@ -316,10 +318,14 @@ def _check_keyed_options(options: WriteOptions, spark_schema: StructType, overwr
     """Keyed option checks that need no table (so they run before one is created)."""
     keyed = options.operation in KEYED_OPERATIONS
     if not keyed:
-        for name in ("primary_key", "op_column", "sequence_column"):
+        for name in ("primary_key", "op_column", "sequence_column", "unavailable_value"):
             if getattr(options, name) is not None:
                 raise OptionError(f"option '{name}' only applies to keyed operations (upsert, cdc, dedupe)")
+        check_history_options(options, spark_schema)
         return
+    if options.operation == "dedupe" and options.unavailable_value is not None:
+        raise OptionError("option 'unavailable_value' does not apply to operation 'dedupe': dedupe never replaces a row")
+    check_history_options(options, spark_schema)
     if overwrite:
         raise OptionError(
             f"option 'operation' = {options.operation!r} needs append: overwrite (and complete output mode) "
@@ -331,10 +337,10 @@ def _check_keyed_options(options: WriteOptions, spark_schema: StructType, overwr
         raise OptionError("option 'sequence_column' does not apply to operation 'dedupe': dedupe never replaces a row")
     if options.operation != "cdc" and options.op_column is not None:
         raise OptionError(f"option 'op_column' only applies to operation 'cdc', not {options.operation!r}")
-    for name in ("op_column", "sequence_column"):
-        column = getattr(options, name)
-        if column is not None and _find(spark_schema, column) is None:
-            raise SchemaError(f"option '{name}': column '{column}' is not in the DataFrame")
+    for name, columns in (("op_column", (options.op_column,) if options.op_column else ()), ("sequence_column", options.sequence_column or ())):
+        for column in columns:
+            if _find(spark_schema, column) is None:
+                raise SchemaError(f"option '{name}': column '{column}' is not in the DataFrame")
     for column in options.primary_key or ():
         if _find(spark_schema, column) is None:
             raise SchemaError(f"primary key column '{column}' is missing from the DataFrame")
@@ -379,14 +385,18 @@ def _plan_keys(options: WriteOptions, spark_schema: StructType, table: Table, ro
         if source is None:
             raise SchemaError(f"primary key column '{column}' is missing from the DataFrame")
         sources.append(source)
-    sequence = options.sequence_column
-    table_sequence = next((f.name for f in schema.fields if sequence and f.name.lower() == sequence.lower()), None)
+    sequence = options.sequence_column or ()
+    by_name = {f.name.lower(): f.name for f in schema.fields}
+    stored = tuple(by_name[c.lower()] for c in sequence if c.lower() in by_name)
+    history = plan_history(options, schema, tuple(table_key), stored, options.table)
     return KeyedPlan(
+        history=history,
         key_sources=tuple(sources),
         op_source=_find(spark_schema, options.op_column) if options.op_column else None,
-        sequence_source=_find(spark_schema, sequence) if sequence else None,
+        sequence_sources=tuple(_find(spark_schema, c) or c for c in sequence),
         table_key_columns=tuple(table_key),
-        table_sequence_column=table_sequence,
+        # Stored only when every sequence column is: a rebuilt index compares whole sequences.
+        table_sequence_columns=stored if len(stored) == len(sequence) else (),
         routed=routed,
     )
 

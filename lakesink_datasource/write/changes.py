@@ -48,7 +48,7 @@ class Changes:
         )
 
 
-def _op_kinds(ops: pa.Array, op_column: str, delete_ops: Sequence[str]) -> np.ndarray:
+def op_kinds(ops: pa.Array, op_column: str, delete_ops: Sequence[str]) -> np.ndarray:
     """True where the row deletes its key; raises on null or unknown op values."""
     if ops.null_count:
         raise KeyedInputError(f"op column '{op_column}' has {ops.null_count} null value(s)")
@@ -71,7 +71,7 @@ def resolve_changes(
     *,
     op_column: str | None = None,
     delete_ops: Sequence[str] = ("d",),
-    sequence_column: str | None = None,
+    sequence_columns: Sequence[str] = (),
     keep: str = "last",
 ) -> Changes:
     """keep="last": the winner is the highest sequence, else the last row (upsert, cdc);
@@ -82,15 +82,15 @@ def resolve_changes(
         keys = encode_keys([batch.column(c) for c in key_columns], names=list(key_columns)) if n else []
     except NullKeyError as exc:
         raise KeyedInputError(f"primary key column '{exc.column_name}' has {exc.null_count} null value(s)") from None
-    is_delete = _op_kinds(batch.column(op_column), op_column, delete_ops) if op_column else np.zeros(n, dtype=bool)
+    is_delete = op_kinds(batch.column(op_column), op_column, delete_ops) if op_column else np.zeros(n, dtype=bool)
     sequences: list[bytes] | None = None
-    if sequence_column is not None and n:
+    if sequence_columns and n:
         try:
-            sequences = encode_keys([batch.column(sequence_column)], names=[sequence_column])
-        except NullKeyError:
-            raise KeyedInputError(f"sequence column '{sequence_column}' has null value(s)") from None
+            sequences = encode_keys([batch.column(c) for c in sequence_columns], names=list(sequence_columns))
+        except NullKeyError as exc:
+            raise KeyedInputError(f"sequence column '{exc.column_name}' has {exc.null_count} null value(s)") from None
     if n == 0:
-        return Changes(np.zeros(0, dtype=np.int64), [], np.zeros(0, dtype=bool), [] if sequence_column else None)
+        return Changes(np.zeros(0, dtype=np.int64), [], np.zeros(0, dtype=bool), [] if sequence_columns else None)
 
     # Group rows by key, then pick the winner in each group: sort by (key, sequence, row)
     # and keep each group's last row.

@@ -17,6 +17,7 @@ Decision per key (the model: live rows are a map key -> latest row):
 
 from __future__ import annotations
 
+import gc
 import operator
 import time
 from collections import defaultdict
@@ -33,10 +34,12 @@ from pyroaring import BitMap64
 
 from lakesink_datasource.arrays import take_items, unique_sorted
 from lakesink_datasource.catalog import loader
+from lakesink_datasource.iceberg.live_files import live_data_files
+from lakesink_datasource.iceberg.properties import TRUNCATED_BEFORE
 from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.for_write import TaskIndex, index_location, open_for_task
-from lakesink_datasource.index.key_columns import SEQUENCE, TOMBSTONE, KeyColumns
-from lakesink_datasource.index.key_encoding import key_hashes
+from lakesink_datasource.index.key_columns import TOMBSTONE, KeyColumns, sequence_names
+from lakesink_datasource.index.key_encoding import NullKeyError, encode_keys, key_hashes
 from lakesink_datasource.index.key_route import NO_ROUTE, ROUTE_COLUMN, KeyRoute, decode_route, key_fingerprint, misrouted_message
 from lakesink_datasource.index.location_codec import Found, pack_locations, pack_positions
 from lakesink_datasource.index.reindex import TombstonesUnreadable
@@ -46,7 +49,9 @@ from lakesink_datasource.messages import PositionDeletesMessage
 from lakesink_datasource.schema.arrow_align import BatchAligner
 from lakesink_datasource.table.plan import WritePlan, write_spec
 from lakesink_datasource.table.tombstone_table import companion_identifier, read_stored
-from lakesink_datasource.write.changes import Changes, KeyedInputError, resolve_changes
+from lakesink_datasource.write.changes import Changes, KeyedInputError, op_kinds, resolve_changes
+from lakesink_datasource.write.current_rows import RowGroups, read_rows_at
+from lakesink_datasource.write.history import Decision, Runs, Versions, decide, scan_versions, take_rows, with_bounds
 
 
 def tombstone_reader(plan: WritePlan) -> Callable[[], pa.Table | None]:
@@ -73,7 +78,10 @@ def open_task_index(
     assert plan.keyed is not None
     return open_for_task(
         index_location(plan.options.index_dir, metadata, route, writer=query_id), io, metadata,
-        KeyColumns(plan.keyed.table_key_columns, plan.keyed.table_sequence_column, route),
+        KeyColumns(
+            plan.keyed.table_key_columns, plan.keyed.table_sequence_columns, route,
+            current=plan.keyed.history.end if plan.keyed.history is not None else None,
+        ),
         write_id=plan.write_id, partition_id=partition_id, attempt=attempt, stored=tombstone_reader(plan),
     )
 
@@ -118,8 +126,13 @@ class KeyedWriter:
         splitter: PartitionSplitter,
         aligner: BatchAligner,
         route: KeyRoute | None = None,
+        io: FileIO | None = None,
     ):
+        """`io`: the table's FileIO (a history table reads its versions' rows)."""
         assert plan.keyed is not None
+        self._metadata = metadata
+        self._io = io
+        self._committed: set[str] | None = None  # the planned snapshot's data files (history tables)
         self._route = route if route is not None and route.by_text else None  # whose keys are checked row by row
         self._plan = plan
         self._keyed = plan.keyed
@@ -132,6 +145,10 @@ class KeyedWriter:
         self.host = task_index.host
         state = self._index.get_state()
         self._floor = state.tombstone_floor if state is not None else None
+        # A source table's truncate (cdc_format=debezium): changes ordered before the newest
+        # one are ignored, whenever they arrive (a lagging Kafka partition's, a replay's).
+        truncates = [bytes.fromhex(metadata.properties[TRUNCATED_BEFORE])] if TRUNCATED_BEFORE in metadata.properties else []
+        self._truncated_before = max([*truncates, *([plan.truncated_at] if plan.truncated_at is not None else [])], default=None)
         self.tombstone_max: bytes | None = None  # the highest sequence this task's deletes carry (encoded)
         self._ordinals: dict[str, int] = {}  # encoded FileRef -> ordinal (this task's new files)
         self._hidden: dict[int, list[np.ndarray]] = defaultdict(list)  # ordinal -> positions
@@ -148,10 +165,9 @@ class KeyedWriter:
         keyed = self._keyed
         columns = {name: aligned.column(name) for name in keyed.table_key_columns}
         # The op and sequence columns keep the user's names: errors name them.
-        if keyed.sequence_source is not None:
-            columns[keyed.sequence_source] = (
-                aligned.column(keyed.table_sequence_column) if keyed.table_sequence_column else batch.column(keyed.sequence_source)
-            )
+        stored = dict(zip(keyed.sequence_sources, keyed.table_sequence_columns))
+        for source in keyed.sequence_sources:
+            columns[source] = aligned.column(stored[source]) if source in stored else batch.column(source)
         if keyed.op_source is not None:
             columns[keyed.op_source] = batch.column(keyed.op_source)
         return pa.table(columns)
@@ -160,6 +176,9 @@ class KeyedWriter:
         """Apply one chunk: one lock round and one index transaction for all of its keys."""
         if batch.num_rows == 0:
             return
+        if self._keyed.history is not None:
+            self._write_history(batch)
+            return
         keyed = self._keyed
         aligned = self._aligner.align(batch)
         resolution = self._resolution_table(batch, aligned)
@@ -167,7 +186,7 @@ class KeyedWriter:
             self._check_text_route(self._route, resolution)
         changes = resolve_changes(
             resolution, keyed.table_key_columns,
-            op_column=keyed.op_source, delete_ops=self._plan.options.delete_ops, sequence_column=keyed.sequence_source,
+            op_column=keyed.op_source, delete_ops=self._plan.options.delete_ops, sequence_columns=keyed.sequence_sources,
             keep="first" if self._plan.options.operation == "dedupe" else "last",
         )
         if not changes.keys:
@@ -190,7 +209,9 @@ class KeyedWriter:
                 assert part.sequences is not None  # tombstones only exist with a sequence column
                 picked = resolution.take(pa.array(part.rows[tombstones]))
                 names = list(keyed.table_key_columns)
-                self._tombstones.append(picked.select([*names, keyed.sequence_source]).rename_columns([*names, SEQUENCE]))
+                self._tombstones.append(
+                    picked.select([*names, *keyed.sequence_sources]).rename_columns([*names, *sequence_names(len(keyed.sequence_sources))])
+                )
                 changed.append(tombstones)
                 sequences = take_items(part.sequences, tombstones)
                 values += pack_positions(TOMBSTONE, np.zeros(len(tombstones), dtype=np.uint64), sequences)
@@ -209,6 +230,207 @@ class KeyedWriter:
         self._index.transact(self._token, changes.keys, decide)
         self.lookup_seconds += time.perf_counter() - started
         self._writer.flush_pending()  # Parquet encoding outside the lock
+
+    # -- history tables (write/history.py) ------------------------------------------------
+
+    def _write_history(self, batch: pa.RecordBatch) -> None:
+        """A history table's chunk (the task's whole input: a key's versions must not be in
+        files the task is still writing): each key's changes applied to its versions."""
+        keyed, history = self._keyed, self._keyed.history
+        assert history is not None
+        aligned = self._aligner.align(batch)
+        resolution = self._resolution_table(batch, aligned)
+        if self._route is not None:
+            self._check_text_route(self._route, resolution)
+        n = aligned.num_rows
+        names = list(keyed.table_key_columns)
+        try:
+            keys = encode_keys([aligned.column(c) for c in names], names=names)
+        except NullKeyError as exc:
+            raise KeyedInputError(f"primary key column '{exc.column_name}' has {exc.null_count} null value(s)") from None
+        sequences: list[bytes] | None = None
+        if keyed.sequence_sources:
+            try:
+                sequences = encode_keys([resolution.column(c) for c in keyed.sequence_sources], names=list(keyed.sequence_sources))
+            except NullKeyError as exc:
+                raise KeyedInputError(f"sequence column '{exc.column_name}' has {exc.null_count} null value(s)") from None
+        deleting = op_kinds(resolution.column(keyed.op_source), keyed.op_source, self._plan.options.delete_ops) if keyed.op_source else np.zeros(n, dtype=bool)
+        bounds = self._history_bounds(aligned, resolution, n)
+        keep = None
+        if self._truncated_before is not None and sequences is not None:
+            floor = self._truncated_before
+            keep = np.fromiter((s >= floor for s in sequences), dtype=bool, count=n)
+        runs = Runs(keys, sequences, deleting, keep)
+        if not runs.keys:
+            return
+        self._hashes.append(key_hashes(runs.keys))
+        started = time.perf_counter()
+        # Row groups read for one shard are kept for the next ones: the shards' keys share files.
+        groups = RowGroups()
+
+        def decide(which: np.ndarray, found: Found, ordinal_of: Callable[[str], int]) -> tuple[np.ndarray, list[bytes | None]]:
+            return self._decide_history(aligned, resolution, bounds, runs, which, found, ordinal_of, groups)
+
+        # Deciding makes objects per key and keeps them until written: the collector's full
+        # passes over a chunk's keys would cost more than the deciding (nothing is cyclic).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._index.transact(self._token, runs.keys, decide)
+        finally:
+            if collecting:
+                gc.enable()
+        self.lookup_seconds += time.perf_counter() - started
+        self._writer.flush_pending()
+
+    def _history_bounds(self, aligned: pa.Table, resolution: pa.Table, n: int) -> pa.Array:
+        """Where each change's version starts: its first sequence column (in the table's type),
+        or the batch's time."""
+        keyed, history = self._keyed, self._keyed.history
+        assert history is not None
+        kind = aligned.schema.field(history.start).type
+        if keyed.table_sequence_columns:
+            column = aligned.column(keyed.table_sequence_columns[0])
+        elif keyed.sequence_sources:
+            column = resolution.column(keyed.sequence_sources[0])
+        else:
+            return pa.array([int((history.at or time.time()) * 1_000_000)] * n, pa.int64()).cast(pa.timestamp("us", tz="UTC")).cast(kind)
+        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        return column.cast(kind) if column.type != kind else column
+
+    def _decide_history(
+        self, aligned: pa.Table, resolution: pa.Table, bounds: pa.Array, runs: Runs, which: np.ndarray, found: Found,
+        ordinal_of: Callable[[str], int], groups: RowGroups,
+    ) -> tuple[np.ndarray, list[bytes | None]]:
+        """One shard's keys (write/history.py): their versions as they stand, read from the
+        table, and what their changes make of them."""
+        history = self._keyed.history
+        assert history is not None
+        schema = aligned.schema
+        keys = [runs.keys[i] for i in which.tolist()]
+        live = found.present & (found.ordinal != TOMBSTONE)
+        last = [found.sequence[i] if found.sequence is not None and found.present[i] else None for i in range(len(keys))]
+        # The existing versions: each key's current one, and every one of keys a late change reaches.
+        places: list[tuple[int, int]] = []  # (ordinal, position) per existing row
+        owners: list[int] = []  # the key (index into `keys`) per existing row
+        for i in np.flatnonzero(live).tolist():
+            places.append((int(found.ordinal[i]), int(found.position[i])))
+            owners.append(i)
+        late = np.zeros(len(keys), dtype=bool)
+        for i in np.flatnonzero(np.asarray([x is not None for x in last], dtype=bool)).tolist():
+            first = runs.rows[runs.first[which[i]]]
+            seq = runs.sequence(int(first))  # a key's changes are in sequence order: its first is its oldest
+            late[i] = seq is not None and seq < last[i]
+        if late.any():
+            at = {keys[i]: i for i in np.flatnonzero(late).tolist()}
+            seen = set(places)
+            for data_file, positions, file_keys in self._scan_versions(set(at)):
+                ordinal = ordinal_of(data_file)
+                for position, key in zip(positions.tolist(), file_keys):
+                    if (ordinal, position) not in seen:
+                        seen.add((ordinal, position))
+                        places.append((ordinal, position))
+                        owners.append(at[key])
+        self._refuse_in_flight(places)
+        existing = self._read_rows(places, schema, groups)
+        versions = Versions(aligned, existing, bounds, history.start, history.end, history.tracked, history.data, history.partial)
+        existing_of: dict[int, list[int]] = {}
+        for row, owner in enumerate(owners):
+            existing_of.setdefault(owner, []).append(row)
+        decision = decide(versions, runs, which, last, live, existing_of, late)
+        self._hide_existing(decision.hidden.tolist(), places)
+        written, values = self._write_versions(aligned, existing, versions, decision, ordinal_of)
+        changed: list[int] = written.tolist()
+        for i, row, final in decision.tombstones:
+            changed.append(i)
+            if final is not None:
+                values += pack_positions(TOMBSTONE, np.zeros(1, dtype=np.uint64), [final])
+                names = list(self._keyed.table_key_columns)
+                picked = resolution.take(pa.array([row]))
+                self._tombstones.append(
+                    picked.select([*names, *self._keyed.sequence_sources]).rename_columns([*names, *sequence_names(len(self._keyed.sequence_sources))])
+                )
+                self.tombstone_max = max(final, self.tombstone_max) if self.tombstone_max is not None else final
+            else:
+                values.append(None)
+                self._deleted.append(resolution.take(pa.array([row])).select(list(self._keyed.table_key_columns)))
+            self.rows_deleted += 1
+        return np.asarray(changed, dtype=np.int64), values
+
+    def _scan_versions(self, late: set[bytes]) -> list[tuple[str, np.ndarray, list[bytes]]]:
+        """Every version of the keys a late change reaches, from the planned snapshot's files:
+        (the file's index name, positions, keys)."""
+        from lakesink_datasource.index.reindex import file_ref
+
+        metadata, io = self._metadata, self._io
+        assert io is not None
+        snapshot = metadata.current_snapshot()
+        refs = {e.data_file.file_path: file_ref(metadata, e.data_file) for e in live_data_files(io, snapshot)}
+        return [(refs[path], positions, keys) for path, positions, keys in scan_versions(io, metadata, self._keyed.table_key_columns, late)]
+
+    def _refuse_in_flight(self, places: list[tuple[int, int]]) -> None:
+        """A key's current version written by another task of this batch is in a file still
+        being written: its versions cannot be decided here (a key's changes must stay in one
+        task, as a Kafka partition keeps them)."""
+        if not places:
+            return
+        if self._committed is None:
+            self._committed = {e.data_file.file_path for e in live_data_files(self._io, self._metadata.current_snapshot())}  # type: ignore[arg-type]
+        for ordinal in {o for o, _ in places}:
+            path = decode_ref(self._index.file_path(ordinal)).path
+            if path not in self._committed:
+                raise KeyedInputError(
+                    f"a key of history table {self._plan.identifier} was changed by two tasks of this batch (its current "
+                    f"version is in {path}, which another task is writing): a key's changes must reach one task, as Debezium's "
+                    "Kafka partitioning by key keeps them (repartition the input by the key, or use cluster_by_key). Nothing "
+                    "was written"
+                )
+
+    def _read_rows(self, places: list[tuple[int, int]], schema: pa.Schema, groups: RowGroups | None = None) -> pa.Table:
+        """The rows at (ordinal, position) places, in that order, as the table's columns."""
+        if not places:
+            return pa.Table.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
+        by_file: dict[int, list[int]] = {}
+        for j, (ordinal, _) in enumerate(places):
+            by_file.setdefault(ordinal, []).append(j)
+        parts, order = [], []
+        for ordinal, which in by_file.items():
+            path = decode_ref(self._index.file_path(ordinal)).path
+            assert self._io is not None
+            parts.append(read_rows_at(self._io, path, np.array([places[j][1] for j in which], dtype=np.int64), schema, groups))
+            order += which
+        rows = pa.concat_tables(parts)
+        back = np.empty(len(order), dtype=np.int64)
+        back[np.asarray(order, dtype=np.int64)] = np.arange(len(order))
+        return rows.take(pa.array(back))
+
+    def _hide_existing(self, hidden: list[int], places: list[tuple[int, int]]) -> None:
+        if hidden:
+            chosen = [places[j] for j in hidden]
+            self._hide(np.array([o for o, _ in chosen], dtype=np.int64), np.array([p for _, p in chosen], dtype=np.int64))
+
+    def _write_versions(
+        self, aligned: pa.Table, existing: pa.Table, versions: Versions, decision: Decision, ordinal_of: Callable[[str], int],
+    ) -> tuple[np.ndarray, list[bytes | None]]:
+        """Write the versions that changed; the keys of the current ones and their index entries
+        (each keeps its key's last sequence)."""
+        history = self._keyed.history
+        assert history is not None
+        none = np.zeros(0, dtype=np.int64)
+        if not len(decision.values):
+            return none, []
+        rows = take_rows(aligned, existing, decision.values.tolist())
+        rows = with_bounds(rows, history.start, history.end, versions.bounds.take(pa.array(decision.starts)), versions.bounds.take(pa.array(decision.ends)))
+        ended = np.flatnonzero(~decision.current)
+        if len(ended):
+            self._place(rows.take(pa.array(ended)), np.zeros(len(ended), dtype=np.int64), None, ordinal_of)
+        chosen = np.flatnonzero(decision.current)
+        if not len(chosen):
+            return none, []
+        key_of = decision.owner[chosen]
+        sequences = take_items(decision.last, key_of) if self._keyed.sequence_sources else None
+        placed, packed = self._place(rows.take(pa.array(chosen)), np.arange(len(chosen), dtype=np.int64), sequences, ordinal_of)  # type: ignore[arg-type]
+        return key_of[placed], packed
 
     def _check_text_route(self, route: KeyRoute, resolution: pa.Table) -> None:
         """Refuse rows whose key, in the table's types, belongs to another shard than the one
@@ -235,6 +457,8 @@ class KeyedWriter:
             indexed = np.array(found.sequence, dtype=object)
             has = np.fromiter(map(operator.is_not, found.sequence, repeat(None)), dtype=bool, count=n)
             older = has & (np.where(has, indexed, b"") > np.array(changes.sequences, dtype=object)).astype(bool)
+        if self._truncated_before is not None and changes.sequences is not None:
+            older |= np.array(changes.sequences, dtype=object) < self._truncated_before
         if self._floor is not None and changes.sequences is not None:
             self._refuse_undecidable(changes, found)
         live = found.present & (found.ordinal != TOMBSTONE) & ~older

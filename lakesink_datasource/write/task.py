@@ -196,6 +196,7 @@ def _write_task(
                 session_overwrite_mode=who.overwrite_mode,
                 planned_at=plan.planned_at,
                 plan_seconds=plan.plan_seconds,
+                truncated_at=plan.truncated_at,
                 **kwargs,
             )
         )
@@ -253,10 +254,28 @@ def _write_task(
     try:
         if plan.keyed is not None and not plan.keyed.routed:
             task_index = open_task_index(plan, metadata, io, partition_id=who.partition_id, attempt=who.attempt, query_id=who.query_id)
-            keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner)
+            keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner, io=io)
+            if plan.options.unavailable_value is not None:
+                batches = _with_unchanged_values(batches, plan, aligner, task_index, io)
+        elif plan.keyed is not None and plan.options.unavailable_value is not None:
+            # A routed task's index is its key shard's, known from its rows: opened before any
+            # row is written, so the placeholders read the shard's current rows.
+            gathered = [b for b in batches if b.num_rows]
+            if gathered:
+                route = chunk_route(gathered[0], plan.keyed.table_key_columns, None)
+                namer.tag = route.file_tag()
+                task_index = open_task_index(
+                    plan, metadata, io, partition_id=who.partition_id, attempt=who.attempt, route=route, query_id=who.query_id
+                )
+                keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner, route, io=io)
+                batches = _with_unchanged_values(iter(gathered), plan, aligner, task_index, io)
         # Concatenating Spark's batches only pays where they are split (by partition or by key);
         # an unpartitioned append buffers them as they come (the writer keeps each once).
         chunk_rows = CHUNK_ROWS if plan.keyed is not None or not splitter.is_unpartitioned else 1
+        if plan.keyed is not None and plan.keyed.history is not None:
+            # A history table's key may change several times in a task: its versions must all
+            # be decided at once (a version written by an earlier chunk is not in a file yet).
+            chunk_rows = 1 << 62
         for batch in _chunks(batches, chunk_rows):
             rows_in += batch.num_rows
             if plan.keyed is not None and plan.keyed.routed:
@@ -268,7 +287,7 @@ def _write_task(
                     task_index = open_task_index(
                         plan, metadata, io, partition_id=who.partition_id, attempt=who.attempt, route=route, query_id=who.query_id
                     )
-                    keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner, route)
+                    keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner, route, io=io)
             t0 = time.perf_counter()
             if keyed is not None:
                 keyed.write(batch)
@@ -333,6 +352,20 @@ def _write_task(
         key_hashes=keyed.key_hashes(), tombstones=tombstones, deleted_keys=deleted, tombstone_max_sequence=keyed.tombstone_max,
         index_healed=task_index.healed, index_sync=task_index.report.describe(), compaction=compaction,
     )
+
+
+def _with_unchanged_values(
+    batches: Iterator[pa.RecordBatch], plan: WritePlan, aligner: BatchAligner, task_index: TaskIndex, io: FileIO
+) -> Iterator[pa.RecordBatch]:
+    """The task's whole input, its placeholders (option unavailable_value) replaced by the
+    values the keys hold (write/unchanged_values.py): read before any row is written."""
+    from lakesink_datasource.write.unchanged_values import fill_unchanged
+
+    gathered = [b for b in batches if b.num_rows]
+    if not gathered:
+        return iter(())
+    filled = fill_unchanged(pa.Table.from_batches(gathered), plan, aligner, task_index.index, io)
+    return iter(filled.rows.to_batches())
 
 
 def _carried_compaction(plan: WritePlan, io: FileIO, metadata: TableMetadata, who: TaskIdentity) -> CompactionMessage | None:

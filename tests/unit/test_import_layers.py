@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"options", "messages"},  # write options; executor -> driver messages, known to both sides
     {"catalog", "schema"},
     {"io", "index"},  # storage: Parquet writing, the key index
-    {"compaction"},  # which files to merge and how to rewrite them (planned with a write, run in its tasks)
+    {"compaction", "debezium"},  # which files to merge and how (planned with a write, run in its tasks); Debezium records -> tables' rows
     {"table"},  # table state: planning, metadata cache, idempotency
     {"write", "commit", "read"},  # the task side, the commit side, the read side
     {"maintenance", "routing"},  # after a commit; one write routed to many tables (each written and committed as one)

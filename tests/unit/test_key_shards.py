@@ -99,7 +99,7 @@ def test_a_text_shard_keeps_the_keys_whose_texts_hash_to_it_whatever_the_key_ord
     table = pa.table({"b_id": pa.array(range(1000), pa.int32()), "A": [f"k{i}" for i in range(1000)]})
     seen = np.zeros(1000, dtype=int)
     for shard in range(3):
-        kept, mask = KeyColumns(("b_id", "A"), None, KeyRoute(shard, 3, by_text=True)).own_rows(table)
+        kept, mask = KeyColumns(("b_id", "A"), (), KeyRoute(shard, 3, by_text=True)).own_rows(table)
         assert mask is not None
         seen += mask
         # Hashed by name order (A before b_id) over the texts of the values, as Spark hashes the key's JSON fields.
@@ -118,7 +118,7 @@ def test_a_key_belongs_to_exactly_one_shard() -> None:
     table = pa.table({"id": ids, "name": names})
     seen = np.zeros(len(ids), dtype=int)
     for shard in range(4):
-        columns = KeyColumns(("id", "name"), None, KeyRoute(shard, 4))
+        columns = KeyColumns(("id", "name"), (), KeyRoute(shard, 4))
         kept, mask = columns.own_rows(table)
         assert mask is not None and kept.num_rows == int(mask.sum())
         seen += mask
@@ -127,7 +127,7 @@ def test_a_key_belongs_to_exactly_one_shard() -> None:
     assert (seen == 1).all()
     counts = np.bincount(shard_of_keys([ids, names], 4), minlength=4)
     assert counts.min() > 2000, f"shards are uneven: {counts}"  # 10,000 keys, 4 shards
-    assert KeyColumns(("id",), None).own_rows(table) == (table, None)
+    assert KeyColumns(("id",)).own_rows(table) == (table, None)
 
 
 # --------------------------------------------------------------------------- routed batches

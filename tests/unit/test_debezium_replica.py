@@ -1,0 +1,445 @@
+"""`cdc_format=debezium` through the production path without Spark: the driver's check
+(plan_routed_write), tasks as Spark's executors run them (write_routed_task, one per group of
+Kafka topic-partitions), and the sink's commit (commit_routed with its per-table commit).
+
+Each replica is compared with a plain model (tests/debezium_events.py) and read back by DuckDB
+and pyiceberg: snapshot reads, updates, deletes and their tombstones, a truncate in the middle
+of a batch and a lagging partition behind it, unchanged TOASTed values (from an earlier batch
+and from earlier in the same batch), a MySQL binlog rotation, re-sent events after a connector
+restart, a new column, a table without a key, with and without the schema wrapper.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from debezium_events import Column, Connector, Event, Replica, SourceDatabase, SourceTable, to_arrow
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis_profiles import examples
+from lakesink_testing import duckdb_rows, load, pyiceberg_rows, table_exists
+from pyspark.sql import types as T
+
+from lakesink_datasource import datasource
+from lakesink_datasource.check import check_table
+from lakesink_datasource.debezium.envelope import DebeziumInputError
+from lakesink_datasource.options import OptionError
+from lakesink_datasource.routing.route_commit import commit_routed
+from lakesink_datasource.routing.route_plan import plan_routed_write
+from lakesink_datasource.routing.route_task import write_routed_task
+from lakesink_datasource.schema.spark_types import SchemaError
+from lakesink_datasource.write.task import TaskIdentity
+
+KAFKA = T.StructType([
+    T.StructField("key", T.BinaryType()), T.StructField("value", T.BinaryType()), T.StructField("topic", T.StringType()),
+    T.StructField("partition", T.IntegerType()), T.StructField("offset", T.LongType()),
+])
+QUERY = "debezium-query"
+
+CUSTOMERS = SourceTable("shop", "public", "customers", (
+    Column("id", "int32", optional=False), Column("name", "string"), Column("bio", "string"), Column("balance", "decimal"),
+    Column("born", "date"), Column("seen", "micro_timestamp"), Column("updated", "zoned_timestamp"),
+), ("id",))
+ORDERS = SourceTable("shop", "public", "orders", (
+    Column("order_id", "int64", optional=False), Column("customer", "int32"), Column("total", "decimal", scale=3, precision=12),
+    Column("notes", "json"),
+), ("order_id",))
+AUDIT = SourceTable("shop", "public", "audit", (Column("msg", "string"), Column("n", "int64")), ())
+PRODUCTS = SourceTable("inventory", None, "products", (
+    Column("sku", "string", optional=False), Column("name", "string"), Column("price", "decimal"), Column("weight", "float64"),
+), ("sku",))
+SQL_ORDERS = SourceTable("testDB", "dbo", "sales", (Column("id", "int32", optional=False), Column("qty", "int32"), Column("note", "string")), ("id",))
+
+
+def _identifier(t: SourceTable) -> str:
+    return f"replica.{t.table}"
+
+
+class Replicator:
+    """A stream of Debezium records written as Spark would: each batch's records split into
+    tasks by Kafka topic-partition, each task a routed write, the batch committed together."""
+
+    def __init__(self, warehouse: str, tasks: int = 2, **options: str) -> None:
+        self.warehouse = warehouse
+        self.tasks = tasks
+        self.raw = {
+            "cdc_format": "debezium", "namespace": "replica", "warehouse": warehouse, "index_dir": os.path.join(warehouse, "idx"),
+            "progress": "false", "maintenance": "off", "checkpointLocation": os.path.join(warehouse, "chk"), **options,
+        }
+        self.batch = 0
+
+    def run(self, records: Sequence[dict[str, Any]], *, batch_id: int | None = None, schema: T.StructType = KAFKA, arrow: pa.Schema | None = None) -> None:
+        batch_id = self.batch if batch_id is None else batch_id
+        write = plan_routed_write(self.raw, schema, False)
+        by_task: list[list[dict[str, Any]]] = [[] for _ in range(self.tasks)]
+        for r in records:
+            by_task[hash((r.get("topic"), r.get("partition"))) % self.tasks].append(r)
+        messages = [
+            write_routed_task(
+                write, iter(to_arrow(rows, arrow).to_batches() if arrow is not None else to_arrow(rows).to_batches()),
+                TaskIdentity(partition_id=i, attempt=1000 * batch_id + i, batch_id=batch_id, query_id=QUERY),
+            )
+            for i, rows in enumerate(by_task)
+        ]
+        commit_routed(messages, batch_id, datasource._commit, datasource._abort, progress=False)
+        self.batch = max(self.batch, batch_id + 1)
+
+    def assert_replica(self, model: Replica, tables: Sequence[SourceTable]) -> None:
+        for t in tables:
+            name = _identifier(t)
+            columns = [c.name for c in t.columns] + ([] if t.key else ["__op"])
+            expected = model.rows(name, columns)
+            if not table_exists(self.warehouse, name):
+                assert expected == Counter(), f"{name} was never written, the model holds {expected}"
+                continue
+            table = load(self.warehouse, name)
+            if table.metadata.current_snapshot() is None:
+                assert expected == Counter()
+                continue
+            for reader, got in (("pyiceberg", pyiceberg_rows(table, columns)), ("DuckDB", duckdb_rows(table.metadata_location, columns))):
+                assert got == expected, f"{name}: {reader} disagrees with the model\n  missing: {dict(expected - got)}\n  unexpected: {dict(got - expected)}"
+            assert check_table(table) == [], f"{name}: check_table"
+
+
+def _customer(i: int, **changes: Any) -> dict[str, Any]:
+    row = {
+        "id": i, "name": f"c{i}", "bio": f"a long biography {i} " * 20, "balance": f"{i * 7 % 1000}.{i % 100:02d}",
+        "born": dt.date(1980, 1, 1) + dt.timedelta(days=i), "seen": dt.datetime(2024, 1, 1, 8, 0, 0, 123456) + dt.timedelta(minutes=i),
+        "updated": dt.datetime(2024, 2, 1, 9, 30, tzinfo=dt.timezone(dt.timedelta(hours=2))) + dt.timedelta(hours=i),
+    }
+    return {**row, **changes}
+
+
+@pytest.mark.parametrize("wrapper", [True, False], ids=["schemas", "no-schemas"])
+def test_a_postgresql_stream_is_replicated_exactly(warehouse: str, wrapper: bool) -> None:
+    pg = SourceDatabase(Connector("postgresql", "pg", wrapper=wrapper, partitions=2), [CUSTOMERS, ORDERS, AUDIT], toasted=["bio"])
+    replica = Replicator(warehouse)
+    model = Replica(schemas=wrapper)
+    seen = 0
+
+    def flush(extra: Sequence[dict[str, Any]] = ()) -> None:
+        nonlocal seen
+        records = pg.records[seen:] + list(extra)
+        events = pg.events[len(model_events):]
+        seen = len(pg.records)
+        replica.run(records)
+        model.apply(events, _identifier)
+        model_events.extend(events)
+        tables = [CUSTOMERS, ORDERS, AUDIT] if wrapper else [ORDERS, AUDIT]
+        replica.assert_replica(model, tables)
+
+    model_events: list[Event] = []
+    # The snapshot, then streaming; heartbeats and transaction markers in between.
+    for i in range(6):
+        pg.snapshot("customers", _customer(i))
+    pg.snapshot("orders", {"order_id": 1, "customer": 1, "total": "10.500", "notes": '{"gift": true}'})
+    flush([pg.connector.heartbeat(), pg.connector.transaction("BEGIN")])
+    pg.update("customers", (1,), {"name": "renamed"})  # bio unchanged: the placeholder
+    pg.update("customers", (1,), {"balance": "5.00"})  # again, in the same batch
+    pg.delete("customers", (2,))  # and its tombstone
+    pg.insert("audit", {"msg": "login", "n": 1})
+    pg.insert("audit", {"msg": "login", "n": 1})  # a table without a key keeps both
+    pg.insert("orders", {"order_id": 2, "customer": 3, "total": "-1.250", "notes": None})
+    flush([pg.connector.transaction("END")])
+    pg.update("customers", (3,), {"name": "later"})  # the placeholder's value is in an earlier batch
+    pg.insert("customers", _customer(2))  # a deleted key comes back
+    pg.truncate("orders")
+    pg.insert("orders", {"order_id": 1, "customer": 9, "total": "3.000", "notes": "[]"})  # after the truncate: stays
+    flush()
+    pg.update("customers", (4,), {"bio": "rewritten"})
+    pg.resend(3)  # the connector restarts: its last events come again
+    flush()
+    if wrapper:
+        # The replica holds the source's rows now: no placeholder left anywhere.
+        columns = [c.name for c in CUSTOMERS.columns]
+        assert pyiceberg_rows(load(warehouse, "replica.customers"), columns) == pg.live("customers", columns)
+        table = load(warehouse, "replica.customers").schema()
+        assert str(table.find_field("balance").field_type) == "decimal(10, 2)"
+        assert str(table.find_field("born").field_type) == "date"
+        assert str(table.find_field("seen").field_type) == "timestamp"
+        assert str(table.find_field("updated").field_type) == "timestamptz"
+        assert [table.find_column_name(i) for i in table.identifier_field_ids] == ["id"]
+
+
+def test_mysql_changes_after_a_binlog_rotation_win_over_earlier_files(warehouse: str) -> None:
+    mysql = SourceDatabase(Connector("mysql", "my"), [PRODUCTS])
+    replica = Replicator(warehouse)
+    mysql.insert("products", {"sku": "a", "name": "apple", "price": "1.00", "weight": 0.2})
+    for _ in range(30):
+        mysql.update("products", ("a",), {"price": "1.50"})  # the position grows within the file
+    mysql.connector.rotate()
+    mysql.update("products", ("a",), {"name": "apple (new file)", "price": "2.00"})  # a low position in a new file
+    replica.run(mysql.records)
+    model = Replica()
+    model.apply(mysql.events, _identifier)
+    replica.assert_replica(model, [PRODUCTS])
+    assert pyiceberg_rows(load(warehouse, "replica.products"), ["sku", "name"]) == Counter({("a", "apple (new file)"): 1})
+    # The rotation's older events arriving late (a replay from an earlier offset) change nothing.
+    mysql.resend(5)
+    replica.run(mysql.records[-5:])
+    assert pyiceberg_rows(load(warehouse, "replica.products"), ["sku", "name"]) == Counter({("a", "apple (new file)"): 1})
+
+
+def test_sql_server_snapshot_rows_never_override_streamed_changes(warehouse: str) -> None:
+    mssql = SourceDatabase(Connector("sqlserver", "ms", wrapper=False), [SQL_ORDERS])
+    replica = Replicator(warehouse)
+    mssql.snapshot("sales", {"id": 1, "qty": 1, "note": "snapshot"})
+    mssql.update("sales", (1,), {"qty": 2, "note": "streamed"})
+    # The snapshot's read of the row is delivered after the streamed change (another task).
+    snapshot, streamed = mssql.records
+    replica.run([streamed])
+    replica.run([snapshot])
+    assert pyiceberg_rows(load(warehouse, "replica.sales"), ["id", "qty", "note"]) == Counter({(1, 2, "streamed"): 1})
+
+
+def test_a_truncate_hides_rows_of_other_tasks_and_of_a_partition_that_lags_behind_it(warehouse: str) -> None:
+    pg = SourceDatabase(Connector("postgresql", "pg", partitions=3), [ORDERS])
+    replica = Replicator(warehouse, tasks=3)
+    for i in range(12):
+        pg.insert("orders", {"order_id": i, "customer": i, "total": "1.000", "notes": None})
+    replica.run(pg.records)
+    before = len(pg.records)
+    pg.insert("orders", {"order_id": 100, "customer": 1, "total": "2.000", "notes": None})  # before the truncate
+    pg.truncate("orders")
+    for i in (101, 102, 103):
+        pg.insert("orders", {"order_id": i, "customer": 1, "total": "3.000", "notes": None})  # after it
+    batch = pg.records[before:]
+    truncate = next(r for r in batch if r["key"] is None)
+    lagging = [r for r in batch if r is not truncate and r["partition"] != truncate["partition"]][:1]
+    # One partition lags: its first record (ordered before or after the truncate) comes a batch later.
+    replica.run([r for r in batch if r not in lagging])
+    replica.run(lagging)
+    model = Replica()
+    model.apply(pg.events, _identifier)
+    replica.assert_replica(model, [ORDERS])
+    assert {row[0] for row in pyiceberg_rows(load(warehouse, "replica.orders"), ["order_id"])} == {101, 102, 103}
+
+
+def test_a_new_column_of_the_source_is_added_without_merge_schema(warehouse: str) -> None:
+    pg = Connector("postgresql", "pg")
+    replica = Replicator(warehouse)
+    narrow = SourceTable("shop", "public", "people", (Column("id", "int32", optional=False), Column("name", "string")), ("id",))
+    wide = SourceTable("shop", "public", "people", (*narrow.columns, Column("email", "string")), ("id",))
+    first, _ = pg.change(narrow, "c", {"id": 1, "name": "ann"})
+    pg.advance()
+    second, _ = pg.change(wide, "c", {"id": 2, "name": "bob", "email": "b@x"})
+    replica.run(first + second)
+    assert pyiceberg_rows(load(warehouse, "replica.people"), ["id", "name", "email"]) == Counter({(1, "ann", None): 1, (2, "bob", "b@x"): 1})
+
+
+def test_struct_values_decoded_from_avro_are_read_as_envelopes(warehouse: str) -> None:
+    source = pa.struct([("connector", pa.string()), ("db", pa.string()), ("schema", pa.string()), ("table", pa.string()), ("lsn", pa.int64())])
+    row = pa.struct([("id", pa.int32()), ("amount", pa.decimal128(9, 2))])
+    value = pa.struct([("before", row), ("after", row), ("source", source), ("op", pa.string())])
+    arrow = pa.schema([("key", pa.struct([("id", pa.int32())])), ("value", value), ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64())])
+    spark = T.StructType([
+        T.StructField("key", T.StructType([T.StructField("id", T.IntegerType())])),
+        T.StructField("value", T.StructType([T.StructField("before", T.StructType()), T.StructField("op", T.StringType())])),
+        T.StructField("topic", T.StringType()), T.StructField("partition", T.IntegerType()), T.StructField("offset", T.LongType()),
+    ])
+
+    def record(op: str, i: int, amount: str | None, lsn: int, offset: int) -> dict[str, Any]:
+        after = None if op == "d" else {"id": i, "amount": amount}
+        return {"key": {"id": i}, "value": {"before": None, "after": after, "op": op,
+                "source": {"connector": "postgresql", "db": "d", "schema": "public", "table": "pay", "lsn": lsn}},
+                "topic": "pg.public.pay", "partition": 0, "offset": offset}
+
+    Replicator(warehouse).run(
+        [record("c", 1, decimal.Decimal("1.50"), 10, 0), record("c", 2, decimal.Decimal("2.00"), 20, 1), record("d", 1, None, 30, 2),
+         {"key": {"id": 2}, "value": None, "topic": "pg.public.pay", "partition": 0, "offset": 3}],
+        schema=spark, arrow=arrow,
+    )
+    assert pyiceberg_rows(load(warehouse, "replica.pay"), ["id", "amount"]) == Counter({(2, decimal.Decimal("2.00")): 1})
+
+
+def test_a_replayed_batch_lands_once(warehouse: str) -> None:
+    pg = SourceDatabase(Connector("postgresql", "pg"), [AUDIT, CUSTOMERS], toasted=["bio"])
+    replica = Replicator(warehouse)
+    pg.insert("audit", {"msg": "x", "n": 1})
+    pg.insert("customers", _customer(1))
+    replica.run(pg.records, batch_id=0)
+    replica.run(pg.records, batch_id=0)  # Spark runs batch 0 again after a crash before its commit was recorded
+    assert pyiceberg_rows(load(warehouse, "replica.audit"), ["msg", "n"]) == Counter({("x", 1): 1})
+    assert len(load(warehouse, "replica.customers").metadata.snapshots) == 1
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+def _raw(warehouse: str, **options: str) -> dict[str, str]:
+    return {"cdc_format": "debezium", "namespace": "replica", "warehouse": warehouse, "progress": "false", **options}
+
+
+@pytest.mark.parametrize(("option", "value"), [("primary_key", "id"), ("sequence_column", "lsn"), ("operation", "upsert"), ("table_column", "t")])
+def test_options_the_events_decide_are_refused_by_name(warehouse: str, option: str, value: str) -> None:
+    with pytest.raises(OptionError, match=f"option '{option}' cannot be given with cdc_format=debezium"):
+        plan_routed_write(_raw(warehouse, **{option: value}), KAFKA, False)
+
+
+def test_a_missing_namespace_and_a_wrong_value_column_are_refused(warehouse: str) -> None:
+    with pytest.raises(OptionError, match="needs option 'namespace'"):
+        plan_routed_write({"cdc_format": "debezium", "warehouse": warehouse}, KAFKA, False)
+    with pytest.raises(OptionError, match="option 'value_column': column 'payload' is not in the DataFrame"):
+        plan_routed_write(_raw(warehouse, value_column="payload"), KAFKA, False)
+    with pytest.raises(OptionError, match="cdc_format' must be one of debezium"):
+        plan_routed_write({**_raw(warehouse), "cdc_format": "maxwell"}, KAFKA, False)
+
+
+def _good_and(bad: dict[str, Any]) -> list[dict[str, Any]]:
+    pg = SourceDatabase(Connector("postgresql", "pg"), [AUDIT])
+    pg.insert("audit", {"msg": "fine", "n": 1})
+    return [*pg.records, bad]
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (b'{"hello": "world"}', "is not a Debezium change event: it has no 'op'"),
+    (b"[1, 2]", "its value is not a JSON object"),
+    (b'{"op": "x", "source": {"connector": "postgresql", "table": "audit"}}', "has op 'x'"),
+])
+def test_a_record_that_is_not_debeziums_is_named_and_nothing_changes(warehouse: str, value: bytes, message: str) -> None:
+    bad = {"key": None, "value": value, "topic": "pg.public.audit", "partition": 3, "offset": 42}
+    with pytest.raises(DebeziumInputError, match=message) as raised:
+        Replicator(warehouse, tasks=1).run(_good_and(bad))
+    assert "topic 'pg.public.audit', partition 3, offset 42" in str(raised.value)
+    assert not table_exists(warehouse, "replica.audit")  # the good record's table was not even created
+
+
+def test_a_decimal_whose_scale_disagrees_with_the_table_is_refused_and_changes_nothing(warehouse: str) -> None:
+    pg = Connector("postgresql", "pg")
+    replica = Replicator(warehouse)
+    cents = SourceTable("shop", "public", "prices", (Column("id", "int32", optional=False), Column("p", "decimal", scale=2)), ("id",))
+    mills = SourceTable("shop", "public", "prices", (Column("id", "int32", optional=False), Column("p", "decimal", scale=3)), ("id",))
+    first, _ = pg.change(cents, "c", {"id": 1, "p": "1.25"})
+    replica.run(first)
+    pg.advance()
+    second, _ = pg.change(mills, "u", {"id": 1, "p": "1.255"})
+    snapshots = len(load(warehouse, "replica.prices").metadata.snapshots)
+    with pytest.raises(SchemaError, match=r"'p'.*decimal"):
+        replica.run(second)
+    assert len(load(warehouse, "replica.prices").metadata.snapshots) == snapshots
+    assert pyiceberg_rows(load(warehouse, "replica.prices"), ["id", "p"]) == Counter({(1, decimal.Decimal("1.25")): 1})
+
+
+# -- the property -----------------------------------------------------------------------------
+
+_step = st.one_of(
+    st.tuples(st.just("insert"), st.sampled_from(["customers", "orders", "audit"]), st.integers(0, 6)),
+    st.tuples(st.just("update"), st.sampled_from(["customers", "orders"]), st.integers(0, 6)),
+    st.tuples(st.just("delete"), st.sampled_from(["customers", "orders"]), st.integers(0, 6)),
+    st.tuples(st.just("truncate"), st.sampled_from(["orders", "audit"]), st.just(0)),
+    st.tuples(st.just("resend"), st.just(""), st.integers(1, 3)),
+    st.tuples(st.just("cut"), st.just(""), st.just(0)),
+)
+
+
+def _do(pg: SourceDatabase, step: tuple[str, str, int], n: int) -> None:
+    kind, table, i = step
+    if kind == "insert":
+        row = _customer(i) if table == "customers" else (
+            {"order_id": i, "customer": i, "total": f"{n}.125", "notes": None} if table == "orders" else {"msg": f"m{n}", "n": n}
+        )
+        pg.insert(table, row)
+    elif kind == "update":
+        changes: dict[str, Any] = {"name": f"u{n}"} if table == "customers" else {"total": f"{n}.500"}
+        if table == "customers" and n % 3 == 0:
+            changes["bio"] = f"new bio {n}"
+        pg.update(table, (i,), changes)
+    elif kind == "delete":
+        pg.delete(table, (i,))
+    elif kind == "truncate":
+        pg.truncate(table)
+    elif kind == "resend":
+        pg.resend(i)
+
+
+@settings(max_examples=examples(30))
+@given(steps=st.lists(_step, min_size=1, max_size=30), partitions=st.integers(1, 3), tasks=st.integers(1, 3))
+def test_any_debezium_stream_matches_the_model_after_every_batch(steps: list[tuple[str, str, int]], partitions: int, tasks: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="lakesink-debezium-") as root:
+        warehouse = os.path.join(root, "warehouse")
+        pg = SourceDatabase(Connector("postgresql", "pg", partitions=partitions), [CUSTOMERS, ORDERS, AUDIT], toasted=["bio"])
+        replica = Replicator(warehouse, tasks=tasks)
+        model = Replica()
+        done_records = done_events = 0
+
+        def cut() -> None:
+            nonlocal done_records, done_events
+            records, events = pg.records[done_records:], pg.events[done_events:]
+            done_records, done_events = len(pg.records), len(pg.events)
+            if records:
+                replica.run(records)
+                model.apply(events, _identifier)
+                replica.assert_replica(model, [CUSTOMERS, ORDERS, AUDIT])
+
+        for n, step in enumerate(steps):
+            if step[0] == "cut":
+                cut()
+            else:
+                _do(pg, step, n)
+        cut()
+        _close_catalog(warehouse)
+
+
+def _close_catalog(warehouse: str) -> None:
+    from lakesink_datasource.catalog import loader
+
+    for key in [k for k in loader._cache if any(warehouse in str(v) for v in k[1])]:
+        cached, _inode = loader._cache.pop(key)
+        engine = getattr(cached, "engine", None)
+        if engine is not None:
+            engine.dispose()
+
+
+def test_table_names_from_a_template_and_a_tables_own_options(warehouse: str) -> None:
+    """Two schemas with a table of one name kept apart by `table_name`; one table partitioned
+    and sorted by its own options (`tables.<namespace>.<table>.*`)."""
+    pg = Connector("postgresql", "pg")
+    sales = SourceTable("shop", "sales", "items", (Column("id", "int32", optional=False), Column("day", "date")), ("id",))
+    stock = SourceTable("shop", "stock", "items", (Column("id", "int32", optional=False), Column("day", "date")), ("id",))
+    records = []
+    for t, i in ((sales, 1), (stock, 1), (sales, 2)):
+        made, _ = pg.change(t, "c", {"id": i, "day": dt.date(2024, 1, i)})
+        records += made
+        pg.advance()
+    replica = Replicator(warehouse, table_name="{schema}_{table}", **{
+        "tables.replica.sales_items.partition_by": "days(day)", "tables.replica.sales_items.sort_by": "id",
+    })
+    replica.run(records)
+    assert pyiceberg_rows(load(warehouse, "replica.sales_items"), ["id"]) == Counter({(1,): 1, (2,): 1})
+    assert pyiceberg_rows(load(warehouse, "replica.stock_items"), ["id"]) == Counter({(1,): 1})
+    table = load(warehouse, "replica.sales_items")
+    assert str(table.spec().fields[0].transform) == "day"
+    assert [f.source_id for f in table.sort_order().fields] == [table.schema().find_field("id").field_id]
+    assert not load(warehouse, "replica.stock_items").spec().fields
+
+
+def test_a_debezium_stream_into_history_tables_keeps_every_version(warehouse: str) -> None:
+    """history=true on a Debezium stream: each keyed table keeps every version of its rows,
+    bounded by the source position (a struct); a change log stays a change log."""
+    pg = SourceDatabase(Connector("postgresql", "pg"), [ORDERS, AUDIT])
+    replica = Replicator(warehouse, history="true")
+    pg.insert("orders", {"order_id": 1, "customer": 1, "total": "1.000", "notes": None})
+    pg.insert("audit", {"msg": "a", "n": 1})
+    replica.run(pg.records)
+    start = len(pg.records)
+    pg.update("orders", (1,), {"total": "2.000"})
+    pg.delete("orders", (1,))
+    pg.insert("orders", {"order_id": 1, "customer": 1, "total": "3.000", "notes": None})
+    replica.run(pg.records[start:])
+    lsns = [e.position[0] for e in pg.events if e.table is ORDERS]
+    table = load(warehouse, "replica.orders")
+    rows = pyiceberg_rows(table, ["order_id", "total", "__start_at", "__end_at"])
+    got = sorted((r[1], dict(r[2])["lsn"], dict(r[3])["lsn"] if r[3] else None) for r in rows)  # structs as (field, value) pairs
+    assert got == [
+        (decimal.Decimal("1.000"), lsns[0], lsns[1]), (decimal.Decimal("2.000"), lsns[1], lsns[2]), (decimal.Decimal("3.000"), lsns[3], None),
+    ]
+    assert check_table(table) == []
+    assert pyiceberg_rows(load(warehouse, "replica.audit"), ["msg"]) == Counter({("a",): 1})
