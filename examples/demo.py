@@ -40,8 +40,6 @@ def make_input(folder: str, batches: int, rows: int) -> None:
 def main() -> None:
     from pyspark.sql import SparkSession
 
-    from lakesink_datasource import LakeSinkDataSource
-
     warehouse = os.path.abspath("lakesink-warehouse")
     work = tempfile.mkdtemp(prefix="lakesink-demo-")
     source = os.path.join(work, "input")
@@ -62,7 +60,7 @@ def main() -> None:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(LakeSinkDataSource)
+    # No spark.dataSource.register: Spark finds format("lakesink") by itself (pyspark_lakesink).
 
     query = (
         spark.readStream.schema("id long, user string, amount double, ts timestamp")

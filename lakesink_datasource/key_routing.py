@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
+import re
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -51,8 +53,9 @@ __all__ = ["RESULT_COLUMN", "RoutedStream", "cluster_by_key", "key_text_column",
 RESULT_COLUMN = "__lakesink_task_result"
 _SPEC = "lakesink_routed_stream"  # the column's metadata key: what the sink needs to plan
 # Options that only the commit uses: the sink may set them where cluster_by_key did not.
-_COMMIT_ONLY = {"maintenance", "progress", "snapshot_properties", "checkpoint_location"}
+_COMMIT_ONLY = {"maintenance", "progress", "snapshot_properties", "checkpoint_location", "query_name", "new_checkpoint"}
 _SPARK_OWNED = {"checkpointlocation", "queryname", "path"}  # what Spark itself passes a sink
+log = logging.getLogger("lakesink")
 
 
 class RouteError(LakesinkError, ValueError):
@@ -63,8 +66,8 @@ def cluster_by_key(df: Any, *key_columns: str, shards: int | None = None, **opti
     """`df` routed by key shard for a keyed write with `options` (the write's options:
     `table`, `operation`, `warehouse` or a catalog, `sequence_column`, ...; `primary_key`
     defaults to `key_columns`, which must be the table's key, in its order). `shards`
-    defaults to `spark.sql.shuffle.partitions`; a stream needs at most that many (each
-    partition holds one shard). Write the result with `writeStream.format("lakesink")` (a
+    defaults to the executors' task slots (at most `spark.sql.shuffle.partitions`: a
+    stream's partitions each hold one shard), so each shard keeps its executor. Write the result with `writeStream.format("lakesink")` (a
     stream: the sink takes the options given here) or `write.format("lakesink")` with the
     same options (a batch). Everything is checked here, before anything runs."""
     if any(k.lower() in ("table_column", "cdc_format") for k in options):
@@ -100,12 +103,72 @@ def cluster_by_key(df: Any, *key_columns: str, shards: int | None = None, **opti
 
 
 def _shard_count(df: Any, shards: int | None) -> tuple[int, int]:
-    """(the number of key shards, the session's shuffle partitions)."""
-    partitions = int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
-    count = partitions if shards is None else shards
-    if not isinstance(count, int) or not 0 < count <= MAX_SHARDS:
+    """(the number of key shards, the session's shuffle partitions). By default one shard per
+    task slot of the application's executors (at most the shuffle partitions): a stateful
+    task waits for its executor only `spark.locality.wait.process`, so with more shards than
+    slots a shard whose executor is still busy with another shard runs elsewhere, and that
+    host then keeps a second copy of its index (benchmarks/experiments/shard-moves)."""
+    spark = df.sparkSession
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    slots = task_slots(spark)
+    if shards is None:
+        if slots is None:
+            log.warning(
+                "cluster_by_key: cannot tell how many task slots the executors have (none registered yet, and neither "
+                "spark.cores.max nor spark.executor.instances is set): %d key shards (spark.sql.shuffle.partitions); give "
+                "shards= the executors' total cores so every shard keeps its executor", partitions)
+        count = partitions if slots is None else min(partitions, slots)
+    else:
+        count = shards
+    if not isinstance(count, int) or isinstance(count, bool) or not 0 < count <= MAX_SHARDS:
         raise OptionError(f"cluster_by_key: shards must be an integer between 1 and {MAX_SHARDS}, got {shards!r}")
+    if slots is not None and count > slots and df.isStreaming:
+        log.warning(
+            "cluster_by_key: %d key shards on %d task slots: a shard whose executor is busy with another shard runs on "
+            "another executor, which then keeps a copy of its index too; give shards=%d (the executors' total cores) or "
+            "fewer", count, slots, slots)
     return count, partitions
+
+
+def task_slots(spark: Any) -> int | None:
+    """How many tasks the application's executors run at once: `spark.cores.max`, or
+    `spark.executor.instances` x `spark.executor.cores` without dynamic allocation, or the
+    cores of the executors registered now (a local master's threads); None when none of
+    these is known (executors not registered yet, or a Spark Connect session without them)."""
+    conf = spark.conf
+
+    def number(key: str) -> int | None:
+        value = conf.get(key, None)
+        return int(value) if value is not None and str(value).strip().isdigit() and int(value) > 0 else None
+
+    if (cores_max := number("spark.cores.max")) is not None:
+        return cores_max
+    dynamic = str(conf.get("spark.dynamicAllocation.enabled", "false")).lower() == "true"
+    instances = number("spark.dynamicAllocation.maxExecutors") if dynamic else number("spark.executor.instances")
+    if instances is not None:
+        return instances * (number("spark.executor.cores") or 1)
+    context = getattr(spark, "sparkContext", None)  # a Spark Connect session has none (an AttributeError)
+    if context is None:
+        return None
+    local = _local_master_slots(str(context.master))
+    if local is not None:
+        return local
+    if dynamic or conf.get("spark.default.parallelism", None) is not None:
+        return None  # executors come and go, or defaultParallelism is the user's number, not the slots
+    executors = context._jsc.sc().getExecutorMemoryStatus().size() - 1  # less the driver
+    # A cluster's default parallelism is its registered executors' cores (at least 2).
+    return int(context.defaultParallelism) if executors > 0 else None
+
+
+def _local_master_slots(master: str) -> int | None:
+    """The threads of `local`, `local[N]`, `local[*]`, `local[N, retries]`, and the cores of
+    `local-cluster[workers, cores, memory]`; None for any other master."""
+    found = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master)
+    if found is not None:
+        threads = found.group(1)
+        return 1 if threads is None else (os.cpu_count() or 1) if threads == "*" else int(threads)
+    cluster = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
+    return int(cluster.group(1)) * int(cluster.group(2)) if cluster is not None else None
 
 
 def _check_stream_shards(count: int, partitions: int) -> None:

@@ -23,6 +23,9 @@ OPERATIONS = ("append", "upsert", "cdc", "dedupe")
 KEYED_OPERATIONS = ("upsert", "cdc", "dedupe")
 MAINTENANCE_MODES = ("auto", "background", "off")
 OVERWRITE_MODES = ("static", "dynamic")
+# What the first batch of a new checkpoint does to a table that a stream of the same query
+# name wrote from another checkpoint (table/new_checkpoint.py): a pipeline's --full-refresh-all.
+NEW_CHECKPOINT_MODES = ("refuse", "replace", "append")
 DEFAULT_WAREHOUSE = "./lakesink-warehouse"
 
 
@@ -82,8 +85,12 @@ class WriteOptions(TableTarget, frozen=True, kw_only=True):
     track_history_except_columns: tuple[str, ...] | None = None
     index_dir: str | None = None
     # A streaming query's checkpoint (Spark passes it to the sink): its committed batches
-    # tell that the query wrote before.
+    # tell that the query wrote before, its metadata file the query's id.
     checkpoint_location: str | None = None
+    # writeStream.queryName (Spark passes it too; a pipeline's flow name): what ties a query's
+    # checkpoints together, so a new one for the same name is noticed.
+    query_name: str | None = None
+    new_checkpoint: str | None = None  # one of NEW_CHECKPOINT_MODES; None: not given (refuse)
 
 
 _SIMPLE = {
@@ -113,6 +120,7 @@ _SIMPLE = {
     "replace_where",
     "merge_schema",
     "evolve_partition",
+    "new_checkpoint",
 }
 # Summary keys a commit computes itself (Iceberg's counters and totals, the operation).
 _RESERVED_SUMMARY_KEYS = {
@@ -128,6 +136,7 @@ _ALIASES = {  # Delta's and Iceberg's Spark writer's names
 # Options Spark itself consumes and still forwards to the data source.
 _SPARK_OWNED = {"checkpointlocation", "queryname"}
 _CHECKPOINT = "checkpointlocation"
+_QUERY_NAME = "queryname"
 
 
 def _valid_names() -> str:
@@ -192,6 +201,7 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
     """Validate Spark's option map into WriteOptions; raise OptionError naming the option."""
     values: dict[str, str] = {}
     checkpoint: str | None = None
+    query_name: str | None = None
     catalog_properties: dict[str, str] = {}
     table_properties: dict[str, str] = {}
     snapshot_properties: dict[str, str] = {}
@@ -225,6 +235,8 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
         if name in _SPARK_OWNED:
             if name == _CHECKPOINT and value.strip():
                 checkpoint = value.strip()
+            elif name == _QUERY_NAME and value.strip():
+                query_name = value.strip()
             continue
         name = _ALIASES.get(name, name)
         if name not in _SIMPLE:
@@ -264,6 +276,11 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
             "options 'replace_where' and 'overwrite_mode' = 'dynamic' exclude each other: the first replaces the rows "
             "matching a filter, the second the partitions the DataFrame writes to; give one"
         )
+    new_checkpoint = values.get("new_checkpoint", "").strip().lower() or None
+    if new_checkpoint is not None and new_checkpoint not in NEW_CHECKPOINT_MODES:
+        raise OptionError(
+            f"option 'new_checkpoint' must be one of {', '.join(NEW_CHECKPOINT_MODES)}, got {values['new_checkpoint']!r}"
+        )
     branch = values.get("branch", "").strip() or None
     if branch is not None and not branch.isprintable():
         raise OptionError(f"option 'branch' must be a printable name, got {branch!r}")
@@ -290,6 +307,8 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
         "branch": None if branch == "main" else branch,
         # Made absolute on the driver, where Spark resolves it too.
         "checkpoint_location": None if checkpoint is None else (checkpoint if "://" in checkpoint else os.path.abspath(checkpoint)),
+        "query_name": query_name,
+        "new_checkpoint": new_checkpoint,
     }
     if "target_file_size_bytes" in values:
         kwargs["target_file_size_bytes"] = int_option("target_file_size_bytes", values["target_file_size_bytes"])

@@ -33,6 +33,17 @@ def pyspark_version() -> str:
     return str(__version__)
 
 
+def register_replaces_found(found: str | None = None) -> bool:
+    """Whether `spark.dataSource.register(LakeSinkDataSource)` may replace the source Spark
+    found by name (pyspark_lakesink): from PySpark 4.1 on (SPARK-51919). PySpark 4.0 refuses
+    it, DATA_SOURCE_ALREADY_EXISTS, so there lakesink is used without registering."""
+    found = found or pyspark_version()
+    try:
+        return tuple(int(part) for part in found.split(".")[:2]) >= (4, 1)
+    except ValueError:
+        return True  # a development build: a newer Spark
+
+
 def check_pyspark(found: str | None = None) -> None:
     """Raise UnsupportedSparkError unless `found` (default: the installed PySpark) is a
     supported minor."""

@@ -3,7 +3,9 @@
 # the Spark-session tests of writes, keyed writes, reads, stream reads, SQL, metadata tables
 # and key routing, the exactly-once kill tests of keyed upserts (a SIGKILL after the commit,
 # during the tasks' writes, a task failure; routed and not) and of an append after its
-# commit, the foreachBatch sink and the demo. Usage: scripts/compat_tests.sh 4.1
+# commit, the foreachBatch sink, the demo (which finds lakesink by name, registering nothing),
+# Spark's lookup of pyspark_lakesink, and the pipeline example (4.1 and newer: run, then run
+# again with nothing new; the full refresh runs with the whole suite on the newest minor). Usage: scripts/compat_tests.sh 4.1
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MINOR=${1:?usage: scripts/compat_tests.sh MINOR}
@@ -16,4 +18,4 @@ echo "lakesink: the compatibility set on PySpark $("$VENV/bin/python" -c 'import
   "tests/integration/test_exactly_once.py::test_keyed_upserts_survive_crashes_and_the_index_recovers" \
   "tests/integration/test_exactly_once.py::test_kill_after_iceberg_commit_before_spark_commit_log_replays_without_duplicates" \
   tests/integration/test_batch_sink.py tests/unit/test_spark_rows.py \
-  tests/unit/test_spark_version.py
+  tests/unit/test_spark_version.py tests/unit/test_pyspark_module.py tests/integration/test_pipeline_example.py

@@ -12,6 +12,6 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip >&2
-"$VENV/bin/python" -m pip install --quiet -e '.[test,cluster]' "pyspark[connect]==$MINOR.*" >&2
+"$VENV/bin/python" -m pip install --quiet -e '.[test,cluster]' --config-settings editable_mode=compat "pyspark[connect,pipelines]==$MINOR.*" >&2
 "$VENV/bin/python" -c "import pyspark, sys; v = pyspark.__version__; sys.exit(0 if v.startswith('$MINOR.') else 'installed PySpark ' + v)"
 echo "$VENV"

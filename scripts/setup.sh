@@ -12,4 +12,6 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[test]'
+# compat: the project's folder on sys.path, where Spark's lookup of `pyspark_*` modules
+# (pkgutil.iter_modules) sees pyspark_lakesink; setuptools' default editable finder hides it.
+.venv/bin/python -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -16,6 +17,16 @@ from pyiceberg.table import Table
 
 import lakesink_datasource  # noqa: F401  (v3 metadata support for pyiceberg)
 from lakesink_datasource import duckdb_reader
+
+
+def _installed_pyspark_minor() -> tuple[int, int]:
+    """The installed PySpark's minor, from its package metadata: what a test expects of a
+    minor comes from here, never from lakesink's own reading of what Spark offers."""
+    major, minor = importlib.metadata.version("pyspark").split(".")[:2]
+    return int(major), int(minor)
+
+
+PYSPARK_MINOR = _installed_pyspark_minor()
 
 
 def duckdb_connection() -> duckdb.DuckDBPyConnection:

@@ -52,7 +52,7 @@ from lakesink_datasource.iceberg.properties import TOMBSTONE_MAX_SEQUENCE, TRUNC
 from lakesink_datasource.iceberg.retry import Failure, RetryClock, RetryPolicy, Spent
 from lakesink_datasource.messages import TaskResult, TaskStats
 from lakesink_datasource.options import WriteOptions
-from lakesink_datasource.table import idempotency
+from lakesink_datasource.table import idempotency, new_checkpoint
 from lakesink_datasource.table.plan import WritePlan, retry_clock
 from lakesink_datasource.table.tombstone_table import unstored_tombstone_snapshots
 from lakesink_datasource.version import __version__
@@ -224,6 +224,9 @@ def _pending_properties(
             wanted[TOMBSTONE_MAX_SEQUENCE] = tombstone_max.hex()
     if query_id is not None and batch_id is not None:
         wanted[idempotency.last_epoch_property(query_id)] = str(batch_id)
+        if plan.options.query_name is not None:
+            # Which query writes under this name: a later checkpoint's is told apart by it.
+            wanted[new_checkpoint.stream_property(plan.options.query_name)] = query_id
     if plan.options.txn_app_id is not None:
         wanted[idempotency.last_txn_property(plan.options.txn_app_id)] = str(plan.options.txn_version)
     return {k: v for k, v in wanted.items() if base.properties.get(k) != v}
@@ -372,6 +375,11 @@ def commit_write(
     txn = plan.options.txn_app_id, plan.options.txn_version
     if idempotency.is_txn_committed(table.metadata, *txn):
         return CommitOutcome(None, f"txn_version {txn[1]} of txn_app_id {txn[0]!r} is already in the table", 0, stats)
+    previous = None if plan.overwrite else new_checkpoint.new_checkpoint_of(table.metadata, plan.options.query_name, query_id)
+    if previous is not None and query_id is not None and plan.options.new_checkpoint != "append":
+        # Planning decides a new checkpoint where it can read the checkpoint's query id;
+        # this catches the ones it could not (and, with replace, did not empty the table for).
+        raise new_checkpoint.refusal(plan.options, query_id, previous, unreadable=plan.options.new_checkpoint == "replace")
     if any(r.skipped for r in results):
         raise CommitError(
             f"tasks of batch {batch_id} saw it committed in metadata {results[0].planned_metadata_location}, "

@@ -2,11 +2,12 @@
 
 Spark hands a stream's `checkpointLocation` to the sink with its options. Its `commits/`
 folder holds one file per micro-batch Spark considers done, named by the batch id: a query
-that has any will never write those batches again.
+that has any will never write those batches again. Its `metadata` file names the query.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from urllib.parse import urlparse
@@ -27,3 +28,20 @@ def committed_batches(checkpoint: str) -> list[int]:
     except (FileNotFoundError, NotADirectoryError):
         return []
     return sorted(int(n) for n in names if n.isdigit())
+
+
+def checkpoint_query_id(checkpoint: str) -> str | None:
+    """The id of the streaming query whose checkpoint this is: Spark writes it to the
+    checkpoint's `metadata` file when the query first starts, before any batch, and keeps it
+    for every restart from that checkpoint (None when it cannot be read from the driver)."""
+    parsed = urlparse(checkpoint)
+    if parsed.scheme not in ("", "file"):
+        return None
+    path = os.path.join(parsed.path if parsed.scheme else checkpoint, "metadata")
+    try:
+        with open(path, encoding="utf-8") as f:
+            # One JSON object on the first line (Spark's StreamMetadata), e.g. {"id":"..."}.
+            found = json.loads(f.readline()).get("id")
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, str) and found else None

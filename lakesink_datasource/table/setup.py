@@ -46,6 +46,7 @@ from lakesink_datasource.table.location_guard import (
     refuse_if_in_use,
     remove_lost_creations,
 )
+from lakesink_datasource.table.new_checkpoint import check_planned_stream
 from lakesink_datasource.table.partition_spec import describe_spec, parse_partition_spec, same_layout
 from lakesink_datasource.table.plan import KeyedPlan, WritePlan
 from lakesink_datasource.table.schema_staging import stage_evolution
@@ -465,6 +466,9 @@ def _plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool
     created = table is None
     if table is not None:
         _check_branch(options, table)
+        # Before anything is staged: a new checkpoint's first batch is refused, or planned
+        # only once the table is emptied (new_checkpoint.py).
+        check_planned_stream(options, table.metadata, overwrite=overwrite)
     else:
         _check_new_keyed_table(options)
         table = resolve_table(options, spark_schema, clock=clock)

@@ -74,6 +74,7 @@ def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> N
     from pyspark.sql import SparkSession
 
     from lakesink_datasource import LakeSinkDataSource
+    from lakesink_datasource.spark_version import register_replaces_found
 
     builder = (
         SparkSession.builder.master(master)
@@ -96,7 +97,8 @@ def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> N
         builder = builder.config("spark.shuffle.readHostLocalDisk", "false")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(LakeSinkDataSource)
+    if register_replaces_found():  # PySpark 4.0 refuses it: lakesink is found by name there
+        spark.dataSource.register(LakeSinkDataSource)
 
     def both_executors() -> None:
         # Both workers' executors registered (the driver counts as one more): after an

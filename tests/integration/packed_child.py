@@ -16,6 +16,7 @@ def main(master: str, archive: str, warehouse: str, source: str, checkpoint: str
     from pyspark.sql import SparkSession
 
     from lakesink_datasource import LakeSinkDataSource
+    from lakesink_datasource.spark_version import register_replaces_found
 
     spark = (
         SparkSession.builder.master(master)
@@ -29,7 +30,8 @@ def main(master: str, archive: str, warehouse: str, source: str, checkpoint: str
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(LakeSinkDataSource)
+    if register_replaces_found():  # PySpark 4.0 refuses it: lakesink is found by name there
+        spark.dataSource.register(LakeSinkDataSource)
     executors = spark.sparkContext.parallelize(range(4), 2).map(lambda _: __import__("sys").executable).distinct().collect()
 
     spark.range(0, 1000).selectExpr("id", "concat('v', id) AS v").write.format("lakesink").option("warehouse", warehouse).mode("append").save("db.batch")

@@ -87,6 +87,32 @@ def test_a_routed_batch_gives_each_partition_one_shard(spark, warehouse: str, sh
     assert counts.min() > 4000 / shards * 0.7, f"uneven shards: {counts}"
 
 
+def test_shards_default_to_the_task_slots_and_more_shards_than_slots_are_warned_of(spark, warehouse: str, tmp_path,
+                                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """local[2] runs two tasks at once: with 8 shuffle partitions a routed write defaults to 2
+    shards (one per slot, so each keeps its executor), and a stream given 4 is warned of."""
+    from lakesink_datasource import cluster_by_key
+
+    options = {"table": "db.slots", "warehouse": warehouse, "operation": "upsert"}
+    spark.conf.set("spark.sql.shuffle.partitions", "8")
+    try:
+        routed = cluster_by_key(spark.range(0, 100), "id", **options)
+        assert routed.rdd.getNumPartitions() == 2
+        assert {decode_route(r[0])[0].shards for r in routed.select(ROUTE_COLUMN).collect()} == {2}
+        source = tmp_path / "src"
+        spark.range(0, 10).write.parquet(str(source))
+        stream = spark.readStream.schema("id long").parquet(str(source))
+        with caplog.at_level("WARNING", logger="lakesink"):
+            cluster_by_key(stream, "id", shards=2, **options)
+            assert not [r for r in caplog.records if "task slots" in r.getMessage()]
+            cluster_by_key(stream, "id", shards=4, **options)
+        (warned,) = [r.getMessage() for r in caplog.records if "task slots" in r.getMessage()]
+        assert "4 key shards on 2 task slots" in warned and "give shards=2" in warned
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", "2")
+    assert not table_exists(warehouse, "db.slots")
+
+
 # --------------------------------------------------------------------------- routed streams
 
 ROW_SCHEMA = pa.schema(

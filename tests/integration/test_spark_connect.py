@@ -1,5 +1,6 @@
 """Spark Connect: a server started with pyspark's own sbin/start-connect-server.sh, and a
-client (another process) that registers lakesink and writes and reads through it."""
+client (another process) that writes through lakesink before registering it (the server
+found it by name), then registers it and writes and reads through it."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def connect_server(tmp_path: Path) -> Iterator[int]:
         subprocess.run(["bash", str(SPARK_HOME / "sbin" / "stop-connect-server.sh")], env=env, capture_output=True)
 
 
-def test_a_connect_client_registers_lakesink_writes_streams_and_reads(connect_server: int, tmp_path: Path, warehouse: str) -> None:
+def test_a_connect_client_writes_without_registering_then_registers_streams_and_reads(connect_server: int, tmp_path: Path, warehouse: str) -> None:
     result = subprocess.run(
         [sys.executable, str(CHILD), str(connect_server), warehouse, str(tmp_path / "work")],
         capture_output=True, text=True, timeout=600,

@@ -10,10 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lakesink_testing import expected_rows, load
+from lakesink_testing import PYSPARK_MINOR, expected_rows, load
 from pyspark.errors import StreamingQueryException
-
-from lakesink_datasource.read.stream import ADMISSION_CONTROL
 
 COLUMNS = ["id", "v"]
 
@@ -62,7 +60,7 @@ def test_a_file_limit_spreads_snapshots_over_micro_batches(spark, warehouse: str
     for b in batches:
         _write(spark, warehouse, "db.limited", b, maintenance="off")  # one file per snapshot
     sink = tmp_path / "out"
-    if not ADMISSION_CONTROL:  # PySpark 4.0 and 4.1: refused, naming the minor that has it
+    if PYSPARK_MINOR < (4, 2):  # PySpark 4.0 and 4.1: refused, naming the minor that has it
         with pytest.raises(Exception, match=r"option 'max_files_per_trigger' needs PySpark 4\.2 or newer"):
             _stream(spark, warehouse, "db.limited", tmp_path / "ck", sink, max_files_per_trigger="2")
         return

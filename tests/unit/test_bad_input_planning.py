@@ -90,3 +90,20 @@ def test_an_unconfigured_or_unreachable_catalog_is_named_with_lakesink_options(w
     rest = {**base, "catalog.type": "rest", "catalog.uri": f"http://127.0.0.1:{port}"}
     with pytest.raises(CatalogError, match=rf"cannot reach catalog 'prod' at http://127.0.0.1:{port}: ConnectionError.*check option 'catalog.uri'"):
         plan_write(parse_options(rest), ID_V, overwrite=False)
+
+
+def test_new_checkpoint_refuses_what_it_cannot_do_naming_the_option(warehouse: str) -> None:
+    from lakesink_datasource import LakeSinkDataSource
+
+    with pytest.raises(OptionError, match=r"option 'new_checkpoint' must be one of refuse, replace, append, got 'Sometimes'"):
+        parse_options({"table": "db.t", "warehouse": warehouse, "new_checkpoint": "Sometimes"})
+    # A batch write has no checkpoint; a stream routed by table_column cannot empty tables it
+    # only meets as rows arrive. Both refused before any table exists.
+    batch = LakeSinkDataSource({"table": "db.t", "warehouse": warehouse, "new_checkpoint": "replace"})
+    with pytest.raises(OptionError, match="option 'new_checkpoint' applies to streaming writes"):
+        batch.writer(ID_V, False)
+    routed = LakeSinkDataSource({"table_column": "tbl", "warehouse": warehouse, "new_checkpoint": "replace"})
+    tbl = T.StructType([T.StructField("tbl", T.StringType()), *ID_V.fields])
+    with pytest.raises(OptionError, match="routed by 'table_column' only knows its tables once their rows arrive"):
+        routed.streamWriter(tbl, False)
+    assert not table_exists(warehouse, "db.t")

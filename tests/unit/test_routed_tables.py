@@ -209,8 +209,9 @@ def test_a_process_writing_many_keyed_tables_keeps_few_indexes_open(warehouse: s
     for batch_id in range(2):
         rows = [{"tbl": t, "id": i, "v": f"{batch_id}"} for t in tables for i in range(batch_id, batch_id + 4)]
         _run(plan_routed_write(raw, FLAT, False), [rows], FLAT_ARROW, batch_id)
-        open_tables = {p.removeprefix(index_root).split(os.sep)[1] for p in environment.cached_paths() if p.startswith(index_root)}
-        assert len(open_tables) <= 3
+        open_tables = {p.removeprefix(index_root).split(os.sep)[1].split(".")[0] for p in environment.cached_paths() if p.startswith(index_root)}
+        uuids = {str(load(warehouse, t).metadata.table_uuid) for t in tables}
+        assert len(open_tables) == 3 and open_tables <= uuids  # three of these tables' indexes, no more, none other
     for t in tables:
         want = [{"id": 0, "v": "0"}] + [{"id": i, "v": "1"} for i in range(1, 5)]
         assert_readers_see(warehouse, t, expected_rows(want, ["id", "v"]), ["id", "v"])

@@ -191,5 +191,8 @@ def test_sort_by_is_checked_before_anything_is_written(warehouse: str) -> None:
     before = load(warehouse, "db.t").metadata_location
     with pytest.raises(OptionError, match=r"differs from the sort order of table db\.t \(id ASC NULLS FIRST\)"):
         _write(warehouse, _rows([2]), sort_by="id DESC")
-    assert load(warehouse, "db.t").metadata_location == before
-    assert os.path.exists(warehouse)
+    table = load(warehouse, "db.t")
+    assert table.metadata_location == before
+    assert [r["id"] for r in table.scan().to_arrow().to_pylist()] == [1]
+    written = {os.path.join(d, f) for d, _, fs in os.walk(os.path.join(warehouse, "db", "t", "data")) for f in fs}
+    assert written == {e.data_file.file_path.removeprefix("file://") for e in live_data_files(table.io, table.current_snapshot())}
