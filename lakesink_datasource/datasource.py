@@ -224,6 +224,7 @@ def _commit(
     """One batch's commit in the driver: its snapshot, then what follows from it. With
     `transaction` (a write routed to many tables) the snapshot lands with the other tables'."""
     from lakesink_datasource.catalog import loader
+    from lakesink_datasource.catalog.transient import catalog_call
     from lakesink_datasource.commit.committer import commit_write
     from lakesink_datasource.maintenance.after_batch import land_compaction, maintain_after_commit
     from lakesink_datasource.maintenance.background import report_background, table_turn
@@ -231,32 +232,43 @@ def _commit(
     from lakesink_datasource.maintenance.tombstone_storing import store_tombstones_before_commit, store_tombstones_safely
     from lakesink_datasource.messages import decode_messages
     from lakesink_datasource.progress import BatchTiming, report_batch
+    from lakesink_datasource.table.plan import retry_clock
 
     settle_imports()
     commit_started, cpu = time.time(), time.process_time()
     results = decode_messages(messages)
     sequenced = plan.keyed is not None and bool(plan.keyed.sequence_sources)
     compaction = None
+    # The batch's commit is one operation of the retry policy (iceberg/retry.py): storing its
+    # tombstones, landing its compaction, its snapshot and the maintenance after it wait on
+    # one clock, this table's (a routed write's tables each commit in a thread of their own).
+    clock = retry_clock(plan, f"committing batch {batch_id} to {plan.identifier}")
+    name = loader.describe(plan.catalog)
     # The table's turn on this host: a compaction still running beside this batch
     # (maintenance=background) lands first, so snapshots keep the order they have with auto.
-    with table_turn(plan.catalog, plan.identifier) as in_background:
+    with clock.active(), table_turn(plan.catalog, plan.identifier) as in_background:
         if sequenced:
             # Deletes of a batch whose storing did not happen are stored before this commit
             # may expire the snapshot that names them: if they cannot be, the batch does not commit.
-            store_tombstones_before_commit(loader.load(plan.catalog), plan.identifier, loader.describe(plan.catalog))
+            catalog = catalog_call(clock, lambda: loader.load(plan.catalog), what="opening the catalog", catalog=name)
+            store_tombstones_before_commit(catalog, plan.identifier, clock)
         # The compaction the tasks carried lands first, on the state it read (carried.py says why).
-        compaction = land_compaction(plan, results, batch_id)
-        outcome = commit_write(plan, results, batch_id=batch_id, transaction=transaction)
+        compaction = land_compaction(plan, results, batch_id, clock)
+        outcome = commit_write(plan, results, batch_id=batch_id, transaction=transaction, clock=clock)
         commit_ended = time.time()
         if outcome.snapshot_id is not None:
             if sequenced:
-                store_tombstones_safely(loader.load(plan.catalog), plan.identifier, outcome.table)
+                store_tombstones_safely(
+                    catalog_call(clock, lambda: loader.load(plan.catalog), what="opening the catalog", catalog=name),
+                    plan.identifier, outcome.table, clock,
+                )
             if plan.options.branch is None:  # maintenance keeps main; a branch is published into it
                 table = outcome.table
 
                 def maintain() -> CompactionResult | None:
                     return maintain_after_commit(
-                        plan, outcome.stats.bytes_written, batch_id=batch_id, table=table, batch_files=outcome.data_files
+                        plan, outcome.stats.bytes_written, batch_id=batch_id, table=table, batch_files=outcome.data_files,
+                        clock=clock,
                     )
 
                 if plan.options.maintenance == "background" and batch_id is not None:

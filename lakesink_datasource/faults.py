@@ -20,8 +20,11 @@ back, after the step it follows took effect), "run" runs `command` (argv list) a
 it. A rule with "once": true is disarmed (file rewritten without it) when it fires; one with
 "nth": [n, ...] fires on those hits of its point only (the hits counted in the file).
 "catalog_updated": a SQL catalog's compare-and-swap UPDATE is committed, its answer not yet
-back (catalog/sql_commit.py). A rule with "table" fires only at points of that table's
-commit ("before_commit", "after_commit": one table of a routed write).
+back (catalog/sql_commit.py). "catalog_call": a SQL catalog is about to be asked something
+(a table's load, a compare-and-swap), with the table's name; the action "refuse" raises
+ConnectionRefusedError there (a catalog that is away: nothing was asked). A rule with
+"table" fires only at points of that table ("before_commit", "after_commit",
+"catalog_call": one table of a routed write).
 """
 
 from __future__ import annotations
@@ -98,6 +101,8 @@ def fault_point(point: str, batch_id: int | None = None, table: str | None = Non
             _kill_executor_jvm()
         elif action == "raise":
             raise InjectedFault(f"injected fault at {point} (batch {batch_id}{f', table {table}' if table else ''})")
+        elif action == "refuse":
+            raise ConnectionRefusedError(f"injected fault at {point}: the catalog refused the connection")
         elif action == "lose_answer":
             raise ConnectionResetError(f"injected fault at {point}: the connection dropped before the answer came back")
         elif action == "run":

@@ -54,6 +54,7 @@ def _key(catalog: Catalog, identifier: str) -> tuple[int, str]:
 def load_table(catalog: Catalog, identifier: str) -> Table:
     """`catalog.load_table(identifier)`, reusing the last parsed table while the catalog still
     points at its metadata file (NoSuchTableError if there is no such table)."""
+    fault_point("catalog_call", table=".".join(Catalog.identifier_to_tuple(identifier)))  # tests: a catalog that is away
     if not _fast(catalog):
         return _settled(catalog.load_table(identifier))
     assert isinstance(catalog, SqlCatalog)
@@ -87,6 +88,7 @@ def commit(table: Table, requirements: tuple[TableRequirement, ...], updates: tu
     since `table` was loaded, or a requirement does not hold."""
     catalog = table.catalog
     if not _fast(catalog):
+        fault_point("catalog_call", table=".".join(table.name()))
         with v3_metadata_writes():
             return catalog.commit_table(table, requirements, updates)
     (response,) = swap_together([prepare_swap(table, requirements, updates)])
@@ -128,6 +130,8 @@ def swap_together(swaps: list[PreparedSwap]) -> list[CommitTableResponse]:
     (CommitFailedException naming it; the new metadata files are deleted)."""
     catalog = swaps[0].table.catalog
     assert isinstance(catalog, SqlCatalog) and all(s.table.catalog is catalog for s in swaps)
+    for swap in swaps:
+        fault_point("catalog_call", table=".".join(swap.table.name()))  # tests: a catalog that is away
     with Session(catalog.engine) as session:
         for swap in swaps:
             identifier = ".".join(swap.table.name())

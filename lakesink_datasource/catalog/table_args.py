@@ -14,6 +14,8 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.table import Table
 
 from lakesink_datasource.catalog import loader
+from lakesink_datasource.catalog.transient import catalog_call
+from lakesink_datasource.iceberg.retry import DEFAULT_POLICY
 from lakesink_datasource.options import parse_options
 
 
@@ -61,7 +63,12 @@ def load_existing_table(raw: dict[str, str]) -> Table:
     if options.uses_embedded_catalog and not os.path.exists(os.path.join(options.warehouse, "catalog.db")):
         # Opening the SQL catalog would create an empty one: a tool must not write one.
         raise FileNotFoundError(f"no lakesink catalog at {os.path.join(options.warehouse, 'catalog.db')}")
-    return load_catalog(config.name, **config.properties).load_table(options.table)
+    catalog = load_catalog(config.name, **config.properties)
+    # A command line waits through a locked or restarting catalog as a write does (iceberg/retry.py).
+    return catalog_call(
+        DEFAULT_POLICY.start(f"opening {options.table}"), lambda: catalog.load_table(options.table),
+        what=f"loading table {options.table}", catalog=loader.describe(config),
+    )
 
 
 def open_table_or_report(args: argparse.Namespace) -> Table | None:

@@ -23,20 +23,25 @@ from lakesink_datasource.commit.swap import PreparedCommit
 from lakesink_datasource.iceberg import summary_keys as keys
 from lakesink_datasource.iceberg.partition_key import PartitionKey, partition_path
 from lakesink_datasource.iceberg.properties import TableSettings
+from lakesink_datasource.iceberg.retry import RetryClock, RetryPolicy
 from lakesink_datasource.io.partitioning import PartitionSplitter
 from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
 from lakesink_datasource.schema.arrow_align import align_array, table_arrow_schema
 from lakesink_datasource.version import __version__
 
 
-def append_rows(table: Table, rows: pa.Table, *, properties: Mapping[str, str] | None = None) -> Table:
+def append_rows(
+    table: Table, rows: pa.Table, *, properties: Mapping[str, str] | None = None, clock: RetryClock | None = None
+) -> Table:
     """Write `rows` (columns named as the table's, in any order and castable types) into new
     data files and commit them, with `properties` set, as one append snapshot on the table's
     current state. Raises CommitFailedException (nothing left behind) when another commit
-    landed first; returns the table as committed."""
+    landed first; returns the table as committed. `clock`: the operation's it is part of (a
+    lost answer is settled within its budget), else one of its own with the table's."""
     metadata = table.metadata
     schema, spec = metadata.schema(), metadata.spec()
     settings = TableSettings.of_table(metadata)
+    clock = clock if clock is not None else RetryPolicy.of(settings).start(f"appending to {'.'.join(table.name())}")
     target = table_arrow_schema(schema)
     columns = [rows.column(f.name) for f in target]
     aligned = pa.Table.from_arrays(
@@ -75,7 +80,8 @@ def append_rows(table: Table, rows: pa.Table, *, properties: Mapping[str, str] |
         raise
     try:
         committed = swap_settled(
-            table, PreparedCommit(metadata, new_snapshot, properties=dict(properties or {})), what=f"appending to {'.'.join(table.name())}"
+            table, PreparedCommit(metadata, new_snapshot, properties=dict(properties or {})),
+            what=f"appending to {'.'.join(table.name())}", clock=clock,
         )
     except CommitFailedException:
         forget()

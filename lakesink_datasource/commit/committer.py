@@ -13,14 +13,12 @@ the commit messages. Exactly-once rests on three rules:
 from __future__ import annotations
 
 import logging
-import random
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import pyspark
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
@@ -32,7 +30,7 @@ from lakesink_datasource.arrays import unique_sorted
 from lakesink_datasource.catalog import loader, sql_commit
 from lakesink_datasource.catalog.errors import CatalogError, CatalogUnavailable
 from lakesink_datasource.catalog.table_transaction import TableTransaction
-from lakesink_datasource.catalog.transient import RetryBudget, first_line, is_answer_lost, is_locked, is_transient, retrying
+from lakesink_datasource.catalog.transient import catalog_call
 from lakesink_datasource.commit import cleanup
 from lakesink_datasource.commit.data_files import data_file
 from lakesink_datasource.commit.deletion_vectors import PendingDeletes
@@ -45,17 +43,17 @@ from lakesink_datasource.commit.swap import PreparedCommit, swap_in
 from lakesink_datasource.commit.validation import ConflictError, ConflictKind
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.faults import fault_point
-from lakesink_datasource.iceberg import outage
 from lakesink_datasource.iceberg import summary_keys as keys
 from lakesink_datasource.iceberg.expiry import snapshots_to_expire
 from lakesink_datasource.iceberg.gc import GC_OFF_NOTE
 from lakesink_datasource.iceberg.live_files import live_data_files
 from lakesink_datasource.iceberg.partition_key import decode_partition
 from lakesink_datasource.iceberg.properties import TOMBSTONE_MAX_SEQUENCE, TRUNCATED_BEFORE, TableSettings
+from lakesink_datasource.iceberg.retry import Failure, RetryClock, RetryPolicy, Spent
 from lakesink_datasource.messages import TaskResult, TaskStats
 from lakesink_datasource.options import WriteOptions
 from lakesink_datasource.table import idempotency, new_checkpoint
-from lakesink_datasource.table.plan import WritePlan
+from lakesink_datasource.table.plan import WritePlan, retry_clock
 from lakesink_datasource.table.tombstone_table import unstored_tombstone_snapshots
 from lakesink_datasource.version import __version__
 
@@ -326,26 +324,11 @@ def _after_commit(table: Table, before: Table, attempt: PreparedCommit, gc_enabl
     return deleted
 
 
-def _backoff_seconds(settings: TableSettings, attempt: int) -> float:
-    wait_ms = min(settings.commit_max_retry_wait_ms, settings.commit_min_retry_wait_ms * 2**attempt)
-    return wait_ms / 1000 * (0.5 + random.random())
-
-
-def _load(catalog: Catalog, plan: WritePlan, budget: RetryBudget) -> Table:
-    return retrying(
-        lambda: sql_commit.load_table(catalog, plan.identifier), what=f"loading table {plan.identifier}",
-        catalog=loader.describe(plan.catalog), budget=budget,
+def _load(catalog: Catalog, plan: WritePlan, clock: RetryClock) -> Table:
+    return catalog_call(
+        clock, lambda: sql_commit.load_table(catalog, plan.identifier), what=f"loading table {plan.identifier}",
+        catalog=loader.describe(plan.catalog),
     )
-
-
-def _give_up(unavailable: BaseException | None, attempt_number: int, attempts: int, deadline: float, away_since: float | None) -> bool:
-    """Whether the commit stops retrying after failed attempt `attempt_number`: a lock (or a
-    lost race) within Iceberg's `commit.retry.*` budget, a catalog that is away within the
-    outage budget, counted from when it stopped answering."""
-    if unavailable is not None and not is_locked(unavailable):
-        started = away_since if away_since is not None else time.monotonic()
-        return (time.monotonic() - started) * 1000 >= outage.budget_ms()
-    return attempt_number + 1 >= attempts or time.monotonic() > deadline
 
 
 def _write_settings(plan: WritePlan, metadata: TableMetadata | None = None) -> TableSettings:
@@ -370,18 +353,21 @@ def _oldest_planned(results: list[TaskResult], metadata: TableMetadata, default:
 
 
 def commit_write(
-    plan: WritePlan, results: list[TaskResult], batch_id: int | None, transaction: TableTransaction | None = None
+    plan: WritePlan, results: list[TaskResult], batch_id: int | None, transaction: TableTransaction | None = None,
+    clock: RetryClock | None = None,
 ) -> CommitOutcome:
     """The batch's snapshot; with `transaction`, its swap goes with the other tables' of a
-    routed write (catalog/table_transaction.py)."""
+    routed write (catalog/table_transaction.py). `clock`: the batch's commit operation's
+    (iceberg/retry.py; this commit counts its own races and locks in it)."""
     started = time.perf_counter()
     query_id = next((r.query_id for r in results if r.query_id is not None), None)
     write_ids = {r.write_id for r in results} or {plan.write_id}
     stats = _sum_stats(results)
-    budget = RetryBudget.of(_write_settings(plan))
+    clock = clock.scoped(f"committing to {plan.identifier}") if clock is not None else retry_clock(plan, f"committing to {plan.identifier}")
     catalog_name = loader.describe(plan.catalog)
-    catalog = retrying(lambda: loader.load(plan.catalog), what="opening the catalog", catalog=catalog_name, budget=budget)
-    table = _load(catalog, plan, budget)
+    catalog = catalog_call(clock, lambda: loader.load(plan.catalog), what="opening the catalog", catalog=catalog_name)
+    table = _load(catalog, plan, clock)
+    clock.adopt(RetryPolicy.of(_write_settings(plan, table.metadata)))  # the table's own budgets from here on
 
     if idempotency.is_epoch_committed(table.metadata, query_id, batch_id):
         log.info("lakesink: batch %s of query %s is already in the table; skipped", batch_id, query_id)
@@ -449,17 +435,11 @@ def commit_write(
     note = _maintenance_note(plan, metadata, settings)
     if note is not None:
         extra[keys.MAINTENANCE_NOTE] = note
-    outage.set_budget(settings.outage_timeout_ms)
-    budget = RetryBudget.of(settings)
-    deadline = time.monotonic() + settings.commit_total_retry_time_ms / 1000
-    attempts = settings.commit_num_retries + 1
-    unavailable: BaseException | None = None  # the last attempt's transient catalog error, if that is how it failed
-    away_since: float | None = None  # when the catalog stopped answering (not a lock), for the outage budget
-    races = 0  # swaps lost to other writers
     fresh = True  # `table` is the state the last swap was refused on (else: reload it first)
     attempt_number = -1
     made: dict[int, tuple[PreparedCommit, Table]] = {}  # each attempt swapped, and the table it was built on
     lost: set[int] = set()  # attempts whose answer was lost: they may have landed
+    doing = f"committing to {plan.identifier} ({catalog_name})"
 
     def forget() -> None:
         # Nothing of this commit landed as far as a table state read after it says: its
@@ -467,31 +447,26 @@ def commit_write(
         # or have landed and been expired since, their manifests carried by later commits).
         producer.cleanup(committed_attempt=None, keep=lost)
 
+    def spent(why: Spent) -> BaseException:
+        if why.kind is Failure.RACE:
+            return CommitError(
+                f"could not commit to {plan.identifier} after {why.failures} attempts: other writers kept committing first "
+                f"(raise table property commit.retry.num-retries, now {why.backoff.retries}, to wait longer)"
+            )
+        # Whether an attempt landed is unknown: its files stay (the abort or the replay of
+        # this batch looks at the table and knows).
+        return CatalogUnavailable(
+            f"could not commit to {plan.identifier}: {catalog_name}: {why.describe()}. Check that the catalog service is "
+            "up and reachable (for the embedded SQLite catalog: that no other process holds catalog.db locked). "
+            "Restarting the query is safe: a batch that did land is recognised and not written twice",
+            why.last, why.failures,
+        )
+
     while True:
         attempt_number += 1
-        if attempt_number:
-            if unavailable is not None and not is_locked(unavailable):
-                # The catalog is away: wait for it (and say so) within the outage budget.
-                away_since = away_since if away_since is not None else time.monotonic()
-                waited = time.monotonic() - away_since
-                wait = outage.wait_seconds(attempt_number - 1)
-                outage.say_waiting(f"committing to {plan.identifier} ({catalog_name})", unavailable, waited, wait, outage.budget_ms() / 1000)
-            else:
-                away_since = None
-                wait = budget.wait_seconds(attempt_number - 1) if unavailable is not None else _backoff_seconds(settings, attempt_number - 1)
-            time.sleep(wait)
         if not fresh:
-            # One budget for the whole commit: a reload that fails too is one more attempt.
-            try:
-                table = sql_commit.load_table(catalog, plan.identifier)
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                unavailable = exc
-                log.warning("lakesink: commit attempt %d: %s did not answer (%s)", attempt_number + 1, catalog_name, first_line(exc))
-                if _give_up(unavailable, attempt_number, attempts, deadline, away_since):
-                    break
-                continue
+            # One budget for the whole commit: waiting for the reload is the same clock's.
+            table = clock.run(lambda: sql_commit.load_table(catalog, plan.identifier), doing=f"{doing}, reading the table", exhausted=spent)
             fresh = True
             landed = _landed_attempt(producer, table.metadata)
             if landed is not None:
@@ -521,43 +496,24 @@ def commit_write(
         if producer.last.redecision is not None and producer.last.redecision.keys:
             fault_point("keys_redecided", batch_id)  # tests: a crash between the decision and the swap
         made[attempt_number] = (attempt, table)
+        swap = clock.begin()
         try:
             committed = swap_in(table, attempt, transaction)
-        except CommitFailedException as exc:
-            unavailable = None
-            races += 1
-            log.info("lakesink: commit attempt %d lost a race (%s); retrying on the new table state", attempt_number + 1, exc)
-        except Exception as exc:
-            if not is_answer_lost(exc):
+        except Exception as exc:  # noqa: BLE001 - the policy raises what it does not retry
+            try:
+                # A race: rebuilt on the new state. A lock or a lost answer: the swap may
+                # have landed; the table, reloaded, says which attempt did.
+                kind = clock.failed(exc, swap, doing=doing, changes_table=True, exhausted=spent)
+            except CatalogUnavailable:
+                raise
+            except BaseException:
                 forget()
                 raise
-            # The swap may or may not have landed (an answer lost on the way back): its files
-            # stay until the table, reloaded before the next attempt, says which attempt landed.
-            lost.add(attempt_number)
-            unavailable = exc
-            log.warning("lakesink: commit attempt %d: %s did not answer (%s)", attempt_number + 1, catalog_name, first_line(exc))
+            if kind is not Failure.RACE:
+                lost.add(attempt_number)
         else:
             return _committed(plan, producer, attempt, committed, table, attempt_number, batch_id, stats, delta, started)
         fresh = False
-        if races >= attempts or _give_up(unavailable, attempt_number, attempts, deadline, away_since):
-            break
-    if unavailable is not None:
-        # Whether an attempt landed is unknown: keep its files (the abort or the replay of
-        # this batch looks at the table and knows).
-        raise CatalogUnavailable(
-            f"could not commit to {plan.identifier}: {catalog_name} kept failing ({type(unavailable).__name__}: "
-            f"{first_line(unavailable)}) over {attempt_number + 1} attempt(s). Check that the catalog service is up and reachable "
-            "(for the embedded SQLite catalog: that no other process holds catalog.db locked); to wait longer, raise table "
-            "properties commit.retry.num-retries and commit.retry.min-wait-ms (a lock) or "
-            f"{outage.OUTAGE_TIMEOUT_MS} (a catalog that is away, now {outage.budget_ms()} ms). Restarting the query is safe: "
-            "a batch that did land is recognised and not written twice",
-            unavailable, attempt_number + 1,
-        ) from unavailable
-    forget()
-    raise CommitError(
-        f"could not commit to {plan.identifier} after {attempts} attempts: other writers kept committing first "
-        f"(raise table property commit.retry.num-retries, now {settings.commit_num_retries}, to wait longer)"
-    )
 
 
 def _maintenance_note(plan: WritePlan, metadata: TableMetadata, settings: TableSettings) -> str | None:
@@ -643,14 +599,15 @@ def abort_write(plan: WritePlan, results: list[TaskResult], batch_id: int | None
     if not results:
         return []
     query_id = next((r.query_id for r in results if r.query_id is not None), None)
-    budget = RetryBudget.of(_write_settings(plan))
+    clock = retry_clock(plan, f"aborting batch {batch_id} of {plan.identifier}")
     files = [
         path for r in results
         for path in [*(m.path for m in r.data_files), *([r.tombstones] if r.tombstones else []), *([r.deleted_keys] if r.deleted_keys else [])]
     ]
     try:
-        catalog = retrying(lambda: loader.load(plan.catalog), what="opening the catalog", catalog=loader.describe(plan.catalog), budget=budget)
-        table = _load(catalog, plan, budget)
+        with clock.active():
+            catalog = catalog_call(clock, lambda: loader.load(plan.catalog), what="opening the catalog", catalog=loader.describe(plan.catalog))
+            table = _load(catalog, plan, clock)
     except CatalogError as exc:
         # Whether the write landed cannot be known: its files stay, for orphan removal.
         log.warning(

@@ -3,8 +3,8 @@
 A catalog can apply a commit and then fail to say so: a REST catalog's 503 or 504 from a
 load balancer that timed out, a gateway restarted, a connection dropped after the UPDATE.
 Iceberg Java calls that CommitStateUnknownException and never deletes the files of such a
-commit, since the table may reference them. Here the table is read again (within the outage
-budget) until it says what happened:
+commit, since the table may reference them. Here the table is read again (on the retry
+clock of the operation: iceberg/retry.py) until it says what happened:
 
 - it holds the commit: it landed, and the table read is the state after it;
 - its branch moved on without it: the commit asserted the old head and can never land now,
@@ -13,14 +13,13 @@ budget) until it says what happened:
   commit is sent again; a copy of it still in flight then either lands first (the resend is
   refused and the next read finds it) or is refused itself.
 
-If the catalog stays away past the budget the outcome is unknown: CommitOutcomeUnknown, and
-the caller keeps every file (orphan removal collects them if the commit never landed).
+If the operation's outage budget is spent first the outcome is unknown: CommitOutcomeUnknown,
+and the caller keeps every file (orphan removal collects them if the commit never landed).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
@@ -28,12 +27,15 @@ from pyiceberg.table.metadata import TableMetadata
 
 from lakesink_datasource.catalog import sql_commit
 from lakesink_datasource.catalog.errors import CatalogUnavailable
-from lakesink_datasource.catalog.transient import first_line, is_answer_lost, is_transient
 from lakesink_datasource.commit.swap import PreparedCommit, swap_in
-from lakesink_datasource.iceberg import outage
 from lakesink_datasource.iceberg.history import branch_head
+from lakesink_datasource.iceberg.retry import Exhausted, Failure, RetryClock, Spent, first_line
 
 log = logging.getLogger("lakesink")
+
+# A swap's failures the loop below waits for; a race without a lost answer is the caller's.
+_SETTLED = frozenset({Failure.LOCKED, Failure.ANSWER_LOST})
+_READS = frozenset({Failure.LOCKED, Failure.AWAY})
 
 
 class CommitOutcomeUnknown(CatalogUnavailable):
@@ -55,57 +57,54 @@ def _head_id(metadata: TableMetadata, branch: str | None) -> int | None:
     return head.snapshot_id if head is not None else None
 
 
-def swap_settled(table: Table, prepared: PreparedCommit, *, what: str) -> Table:
+def outcome_unknown(what: str) -> Exhausted:
+    def build(spent: Spent) -> CommitOutcomeUnknown:
+        return CommitOutcomeUnknown(
+            f"{what}: the catalog's answer was lost and it did not come back in time to say whether the commit landed "
+            f"({spent.describe()}); its files are kept (orphan removal collects them if it did not)",
+            spent.last, spent.failures,
+        )
+
+    return build
+
+
+def swap_settled(table: Table, prepared: PreparedCommit, *, what: str, clock: RetryClock) -> Table:
     """`swap_in(table, prepared)`, its answer settled when lost: returns a table state that
     holds the commit; CommitFailedException when it was (or can now only be) refused;
-    CommitOutcomeUnknown when the catalog stays away past the outage budget. Any other error
-    goes up as it is (the outcome of such a commit is unknown too: keep its files)."""
+    CommitOutcomeUnknown when the operation's budget for a catalog that is away is spent
+    first. Any other error goes up as it is (the outcome of such a commit is unknown too:
+    keep its files)."""
     identifier = ".".join(table.name())
+    catalog = table.catalog
     expected_head = _head_id(prepared.base, prepared.branch)
-    lost: BaseException | None = None
-    started = time.monotonic()
-    attempt = 0
+    lost = False
+    unknown = outcome_unknown(what)
     while True:
+        attempt = clock.begin()
         try:
             return swap_in(table, prepared)
         except CommitFailedException:
-            if lost is None:
+            if not lost:
                 raise
             # Refused: by a change of someone else's, or by the copy whose answer was lost
             # having landed first. The table says which.
-        except Exception as exc:
-            if not is_answer_lost(exc):
-                raise
-            lost = exc
-            log.warning("lakesink: %s: the catalog's answer was lost (%s); reading the table to see whether it landed",
-                        what, first_line(exc))
-        assert lost is not None
-        while True:
-            waited = time.monotonic() - started
-            if waited * 1000 >= outage.budget_ms():
-                raise CommitOutcomeUnknown(
-                    f"{what}: the catalog's answer was lost ({type(lost).__name__}: {first_line(lost)}) and it did not come "
-                    f"back within the outage budget of {outage.budget_ms() / 1000:.0f} s to say whether the commit landed; "
-                    f"its files are kept (orphan removal collects them if it did not). To wait longer, raise table property "
-                    f"{outage.OUTAGE_TIMEOUT_MS}", lost, attempt + 1,
-                ) from lost
-            wait = outage.wait_seconds(attempt)
-            attempt += 1
-            try:
-                reloaded = sql_commit.load_table(table.catalog, identifier)
-                break
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                lost = exc
-                outage.say_waiting(f"{what}, reading the table back,", exc, waited, wait, outage.budget_ms() / 1000)
-                time.sleep(wait)
+        except Exception as exc:  # noqa: BLE001 - the policy raises what it does not retry
+            # A lost answer (or a lock: read back too, it costs one load) waits as the policy
+            # says; then the table is read.
+            clock.failed(exc, attempt, doing=what, changes_table=True, retry_on=_SETTLED, exhausted=unknown)
+            if not lost:
+                log.warning("lakesink: %s: the catalog's answer was lost (%s); reading the table to see whether it landed",
+                            what, first_line(exc))
+            lost = True
+        reloaded = clock.run(
+            lambda: sql_commit.load_table(catalog, identifier), doing=f"{what}, reading the table back",
+            retry_on=_READS, exhausted=unknown,
+        )
         if holds(reloaded.metadata, prepared):
             log.warning("lakesink: %s landed although its answer was lost", what)
             return reloaded
         if _head_id(reloaded.metadata, prepared.branch) != expected_head:
             raise CommitFailedException(f"{what}: another commit landed first; this one did not land")
-        # Not landed (yet): the same commit again, on the same head, after the pause a
-        # catalog that is failing its commits gets between tries.
+        # Not landed (yet): the same commit again, on the same head (the policy paused
+        # after the failure already).
         table = reloaded
-        time.sleep(wait)

@@ -13,12 +13,13 @@ Reads stay two requests a file (the object's size, then its bytes): opening mani
 metadata files as plain streams was tried and still cost two (pyarrow asks for the size
 either way).
 
-On an object store every file operation also rides out an outage (iceberg/outage.py): a
-read that fails for a transient reason reopens the object where it stopped and goes on; a
-write goes to a spooled buffer (memory, then a local temporary file) and is uploaded when
-the file is closed, the upload repeated until it lands or the outage budget is spent (an
-object is put whole, so a repeated upload is the same object). Local files are left as
-they are.
+On an object store every file operation also rides out an outage (iceberg/outage.py says
+which errors are one, iceberg/retry.py how long they are waited for: on the clock of the
+operation the call belongs to, else of its own with the table's properties): a read that
+fails for a transient reason reopens the object where it stopped and goes on; a write goes
+to a spooled buffer (memory, then a local temporary file) and is uploaded when the file is
+closed, the upload repeated until it lands or the outage budget is spent (an object is put
+whole, so a repeated upload is the same object). Local files are left as they are.
 
 Selected through pyiceberg's own `py-io-impl` property (`catalog.loader` sets it when the
 write names no FileIO of its own), so catalogs, tables and tasks all load this class.
@@ -26,16 +27,20 @@ write names no FileIO of its own), so catalogs, tables and tasks all load this c
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from pyarrow.fs import FileSystem, S3FileSystem
 from pyiceberg.io import InputFile, InputStream, OutputFile, OutputStream
 from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
 
-from lakesink_datasource.iceberg.outage import with_retries
+from lakesink_datasource.iceberg.retry import RetryPolicy, active, store_unavailable
+
+T = TypeVar("T")
 
 _SPOOL_IN_MEMORY = 16 * 1024 * 1024  # bytes a written file keeps in memory before spilling to disk
 
@@ -47,21 +52,34 @@ def _is_local(location: str) -> bool:
     return "://" not in location or location.startswith("file:")
 
 
+def _retried(io: LakesinkFileIO, call: Callable[[], T], what: str) -> T:
+    """`call()` through an outage of the store, on the retry clock of the operation (else on
+    one of its own, with the budgets of the FileIO's table)."""
+    clock = active() or io.retry_policy.start(what)
+    return clock.run(call, doing=what, exhausted=store_unavailable)
+
+
 class LakesinkFileIO(PyArrowFileIO):
+    @functools.cached_property
+    def retry_policy(self) -> RetryPolicy:
+        """The budgets of a call made outside any operation: the table's properties, which
+        a table's FileIO holds (pyiceberg loads it with them)."""
+        return RetryPolicy.from_properties(self.properties)
+
     def new_input(self, location: str) -> InputFile:  # type: ignore[override]  # a wrapper of PyArrowFile on stores
         inner = super().new_input(location)
-        return inner if _is_local(location) else _RetryingFile(inner)
+        return inner if _is_local(location) else _RetryingFile(inner, self)
 
     def new_output(self, location: str) -> OutputFile:  # type: ignore[override]
         inner = super().new_output(location)
-        return inner if _is_local(location) else _RetryingFile(inner)
+        return inner if _is_local(location) else _RetryingFile(inner, self)
 
     def delete(self, location: str | InputFile | OutputFile) -> None:
         path = location if isinstance(location, str) else location.location
         if _is_local(path):
             super().delete(path)
         else:
-            with_retries(lambda: PyArrowFileIO.delete(self, path), f"deleting {path}")
+            _retried(self, lambda: PyArrowFileIO.delete(self, path), f"deleting {path}")
 
     def _initialize_s3_fs(self, netloc: str | None) -> FileSystem:
         fs = super()._initialize_s3_fs(netloc)
@@ -75,21 +93,22 @@ class LakesinkFileIO(PyArrowFileIO):
 class _RetryingFile(InputFile, OutputFile):
     """An object on a store: every call retried through an outage."""
 
-    def __init__(self, inner: PyArrowFile) -> None:
+    def __init__(self, inner: PyArrowFile, io: LakesinkFileIO) -> None:
         InputFile.__init__(self, inner.location)
         self._inner = inner
+        self._io = io
 
     def __len__(self) -> int:
-        return with_retries(lambda: len(self._inner), f"reading the size of {self.location}")
+        return _retried(self._io, lambda: len(self._inner), f"reading the size of {self.location}")
 
     def exists(self) -> bool:
-        return with_retries(self._inner.exists, f"looking for {self.location}")
+        return _retried(self._io, self._inner.exists, f"looking for {self.location}")
 
     def open(self, seekable: bool = True) -> InputStream:
-        return _RetryingInput(self._inner, seekable)
+        return _RetryingInput(self._inner, seekable, self._io)
 
     def create(self, overwrite: bool = False) -> OutputStream:
-        return _SpooledUpload(self._inner, overwrite)
+        return _SpooledUpload(self._inner, overwrite, self._io)
 
     def to_input_file(self) -> InputFile:
         return self
@@ -98,10 +117,10 @@ class _RetryingFile(InputFile, OutputFile):
 class _RetryingInput:
     """A read stream that reopens the object at its position when a read fails transiently."""
 
-    def __init__(self, inner: PyArrowFile, seekable: bool) -> None:
-        self._inner, self._seekable = inner, seekable
+    def __init__(self, inner: PyArrowFile, seekable: bool, io: LakesinkFileIO) -> None:
+        self._inner, self._seekable, self._io = inner, seekable, io
         self._position = 0
-        self._stream: Any = with_retries(lambda: inner.open(seekable=seekable), f"opening {inner.location}")
+        self._stream: Any = _retried(io, lambda: inner.open(seekable=seekable), f"opening {inner.location}")
         self.closed = False
 
     def _again(self, call: Any, what: str) -> Any:
@@ -122,7 +141,7 @@ class _RetryingInput:
                     pass
                 raise
 
-        return with_retries(attempt, f"{what} {self._inner.location}")
+        return _retried(self._io, attempt, f"{what} {self._inner.location}")
 
     def read(self, size: int = -1) -> bytes:
         data: bytes = self._again(lambda: self._stream.read(size) if size is not None and size >= 0 else self._stream.read(), "reading")
@@ -162,8 +181,8 @@ class _SpooledUpload:
     """A write stream whose bytes are uploaded as one object when it is closed, the upload
     retried through an outage (the bytes stay in the spool until it lands)."""
 
-    def __init__(self, inner: PyArrowFile, overwrite: bool) -> None:
-        self._inner, self._overwrite = inner, overwrite
+    def __init__(self, inner: PyArrowFile, overwrite: bool, io: LakesinkFileIO) -> None:
+        self._inner, self._overwrite, self._io = inner, overwrite, io
         self._spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY)  # noqa: SIM115 (closed in close())
         self.closed = False
 
@@ -203,7 +222,7 @@ class _SpooledUpload:
                 first[0] = False
                 self._upload(overwrite)
 
-            with_retries(upload, f"writing {self._inner.location}")
+            _retried(self._io, upload, f"writing {self._inner.location}")
         finally:
             self._spool.close()
 

@@ -28,19 +28,23 @@ fitted to its limit (`lmdb_env.py`).
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import struct
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
 import lmdb
 import msgspec
 
-from lakesink_datasource.index import lmdb_env
+from lakesink_datasource.index import address_space, lmdb_env
 from lakesink_datasource.index.damage import damage, data_inode, remove_environment
 from lakesink_datasource.index.lmdb_env import T, Txn, fit_key, fit_keys
+from lakesink_datasource.index.no_room import no_room
 
 __all__ = ["IndexEnvironment", "IndexState", "cached_paths", "close_cached", "drop_index", "open_index", "reopen_empty"]
 
@@ -78,15 +82,88 @@ _STATE_DECODER = msgspec.msgpack.Decoder(IndexState)
 class IndexEnvironment:
     """One environment of the key index. Use `open_index` to get the process's cached one."""
 
-    def __init__(self, path: str, map_size: int = 1 << 36):
+    def __init__(self, path: str, map_size: int | None = None):
         self.path = os.path.abspath(path)
         self._pid = os.getpid()
-        self._lock = threading.RLock()  # set_mapsize needs no live txn in this process
-        self._env = lmdb_env.open_environment(self.path, map_size)
+        # One transaction or map resize at a time in this process (set_mapsize needs no live
+        # transaction); reentrant, as a write may look up file ordinals (another environment)
+        # while a read view of this one is open.
+        self._lock = threading.RLock()
+        # Read views that outlive a call, by thread (None: handed to another thread, a
+        # published copy's transactions): the map is not resized under them.
+        self._views: Counter[int | None] = Counter()
+        self._views_done = threading.Condition()
+        self.last_used = 0  # when a transaction last began (least recently used: closed first)
+        self._env = self._map(map_size)
+        self._page = self._env.stat()["psize"]
         self.inode = data_inode(self.path)
         self._max_key = self._env.max_key_size()
         self._keys, self._files, self._undo, self._meta, self._moves = self._write(self._open_dbs)
         self.closed = False
+
+    # -- the memory map (address_space.py) ---------------------------------------------------
+
+    def _map(self, requested: int | None) -> lmdb.Environment:
+        """The environment opened with a map the process has room for."""
+        try:
+            data = os.path.getsize(os.path.join(self.path, "data.mdb"))
+        except OSError:
+            data = 0
+        size = address_space.initial(self.path, data, requested)
+        try:
+            env = lmdb_env.open_environment(self.path, size)
+        except lmdb.MemoryError as exc:  # the mmap itself failed: the heap took what was measured free
+            limit = address_space.cap()
+            if limit is None:
+                raise
+            raise address_space.too_large(self.path, size, limit) from exc
+        except lmdb.Error as exc:
+            self._raise_if_full(exc)
+            raise
+        address_space.mapped(self.path, env.info()["map_size"])
+        return env
+
+    def _resize(self) -> None:
+        """Grow the map: a write found it full, or another process's writes outgrew it. By
+        doubling, within the address space the process may map (IndexTooLarge when even
+        the data does not fit). The caller holds `_lock`."""
+        info = self._env.info()
+        current = info["map_size"]
+        size = address_space.grown(self.path, current, (info["last_pgno"] + 1) * self._page)
+        me = threading.get_ident()
+        with self._views_done:
+            if self._views[me]:
+                raise RuntimeError(f"key index {self.path}: its map must grow under a read view this thread holds")
+            self._views_done.wait_for(lambda: not +self._views)  # a published copy being made
+            self._env.set_mapsize(size)
+        address_space.mapped(self.path, self._env.info()["map_size"])
+
+    def make_room(self, extra: int) -> None:
+        """Grow the map now unless `extra` bytes are left in it: for writes made while this
+        thread holds a read view of the environment, which cannot grow it then."""
+        with self._lock:
+            info = self._env.info()
+            if info["map_size"] - (info["last_pgno"] + 1) * self._page < extra:
+                self._resize()
+
+    @contextmanager
+    def _viewing(self, thread: int | None) -> Iterator[None]:
+        with self._views_done:
+            self._views[thread] += 1
+        try:
+            yield
+        finally:
+            with self._views_done:
+                self._views[thread] -= 1
+                self._views_done.notify_all()
+
+    def _raise_if_full(self, exc: BaseException) -> None:
+        # <index_dir>/<table's index>/<environment>: the option names the first.
+        full = no_room(os.path.dirname(os.path.dirname(self.path)), exc)
+        if full is not None:
+            raise full from exc
+
+    # -- transactions --------------------------------------------------------------------------
 
     def _open_dbs(self, txn: Txn) -> tuple[Any, Any, Any, Any, Any]:
         keys, files, undo, meta, moves = (
@@ -96,13 +173,34 @@ class IndexEnvironment:
         return keys, files, undo, meta, moves
 
     def _begin(self, write: bool, buffers: bool = False) -> Txn:
-        return lmdb_env.begin(self._env, write, buffers)
+        """A transaction on the current map (the caller holds `_lock`); a map another
+        process's writes outgrew is grown first."""
+        self.last_used = next(_USES)
+        while True:
+            try:
+                if buffers:
+                    return cast(Txn, self._env.begin(write=write, buffers=True))
+                return cast(Txn, self._env.begin(write=write))
+            except lmdb.MapResizedError:
+                self._resize()
 
     def _write(self, body: Callable[[Txn], T]) -> T:
-        return lmdb_env.write(self._env, self._lock, body)
+        """Run `body` in one write transaction, growing the map and running it again when
+        the map is full (the full transaction was aborted whole: `body` starts over)."""
+        with self._lock:
+            while True:
+                try:
+                    with self._begin(write=True) as txn:
+                        return body(txn)
+                except lmdb.MapFullError:
+                    self._resize()
+                except lmdb.Error as exc:
+                    self._raise_if_full(exc)
+                    raise
 
     def _read(self, body: Callable[[Txn], T]) -> T:
-        return lmdb_env.read(self._env, self._lock, body)
+        with self._lock, self._begin(write=False) as txn:
+            return body(txn)
 
     def _fit(self, key: bytes) -> bytes:
         return fit_key(key, self._max_key)
@@ -131,9 +229,20 @@ class IndexEnvironment:
         self._write(lambda txn: txn.put(_META_LAST_PUBLISHED, _U64.pack(sequence_number), db=self._meta))
 
     def read_transaction(self) -> Any:
-        """A read transaction on this environment, for a consistent copy (`copy_to`); the
-        caller aborts it. It may be used from another thread."""
-        return self._env.begin(write=False)
+        """A read transaction on this environment, for a consistent copy (`copy_to`); it may
+        be used from another thread, and is ended with `end_read`. The map does not grow
+        while it is open."""
+        with self._lock:
+            txn = self._begin(write=False)
+            with self._views_done:
+                self._views[None] += 1
+        return txn
+
+    def end_read(self, txn: Any) -> None:
+        txn.abort()
+        with self._views_done:
+            self._views[None] -= 1
+            self._views_done.notify_all()
 
     def copy_to(self, path: str, txn: Any) -> str:
         """A compacted copy of the environment as `txn` sees it, in directory `path`;
@@ -171,6 +280,7 @@ class IndexEnvironment:
             if not self.closed:
                 self.closed = True
                 self._env.close()
+                address_space.unmapped(self.path)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r}{', closed' if self.closed else ''})"
@@ -182,9 +292,41 @@ E = TypeVar("E", bound=IndexEnvironment)
 
 _CACHE: dict[str, IndexEnvironment] = {}
 _CACHE_LOCK = threading.RLock()  # reentrant: open_index may close a stale index
+_USES = itertools.count(1)
 
 
-def reopen_empty(kind: type[E], path: str, map_size: int = 1 << 36) -> E:
+def _release_idle(keep: str, wanted: int) -> int:
+    """Close idle environments of indexes other than the one in directory `keep`, least
+    recently used first, until their maps free `wanted` bytes of address space; returns the
+    bytes freed. Idle: no transaction or read view of this process is open on it. They open
+    again when a write needs them (`open_index`); their files stay."""
+    with _CACHE_LOCK:
+        candidates = sorted(
+            (e for e in _CACHE.values() if not e.closed and os.path.dirname(e.path) != keep), key=lambda e: e.last_used
+        )
+    freed = 0
+    for env in candidates:
+        if freed >= wanted:
+            break
+        if not env._lock.acquire(blocking=False):
+            continue  # in a transaction in another thread
+        try:
+            with env._views_done:
+                viewed = bool(+env._views)
+            if viewed or env.closed:
+                continue
+            size = env._env.info()["map_size"]
+            env.close()  # reentrant: this thread holds its lock
+            freed += size
+        finally:
+            env._lock.release()
+    return freed
+
+
+address_space.set_releaser(_release_idle)
+
+
+def reopen_empty(kind: type[E], path: str, map_size: int | None = None) -> E:
     """Close this process's handle of the index at `path`, delete its files and open a new,
     empty one (the next sync rebuilds it from the table)."""
     key = os.path.abspath(path)
@@ -199,10 +341,11 @@ def reopen_empty(kind: type[E], path: str, map_size: int = 1 << 36) -> E:
         return fresh
 
 
-def open_index(kind: type[E], path: str, map_size: int = 1 << 36) -> E:
+def open_index(kind: type[E], path: str, map_size: int | None = None) -> E:
     """The process-wide environment of `kind` for `path`, opening it on first use.
 
-    `map_size` only matters for the first open in a process; the map grows on demand.
+    `map_size` (default: address_space.initial's choice) only matters for the first open in
+    a process; the map grows on demand.
     """
     key = os.path.abspath(path)
     with _CACHE_LOCK:

@@ -12,6 +12,7 @@ leading into it need re-aiming.
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
@@ -102,7 +103,7 @@ class FileTable(IndexEnvironment):
     def move_maps(self) -> Iterator[dict[int, np.ndarray]]:
         """The stored move maps (old file ordinal -> int64 places), as read-only views of the
         map that stay valid inside the `with` block only: no copy, however large they grow."""
-        with self._lock:
+        with self._lock, self._viewing(threading.get_ident()):
             txn = self._begin(write=False, buffers=True)
             try:
                 yield {

@@ -21,6 +21,7 @@ from pyiceberg.table.metadata import TableMetadata
 from lakesink_datasource.index.host_lock import host_locks
 from lakesink_datasource.index.key_columns import KeyColumns
 from lakesink_datasource.index.key_route import KeyRoute
+from lakesink_datasource.index.no_room import no_room
 from lakesink_datasource.index.owner import default_index_dir, index_owner, owner_digest, token_for
 from lakesink_datasource.index.published import fetch as fetch_published
 from lakesink_datasource.index.published import maybe_publish
@@ -89,6 +90,19 @@ def open_for_task(
     changes of this write's other tasks on the host (under their own undo tokens). `stored`
     reads the companion table's tombstones, asked for only by a rebuild."""
     started = time.perf_counter()
+    try:
+        return _open_for_task(location, io, metadata, columns, write_id, partition_id, attempt, stored, started)
+    except OSError as exc:  # a published copy downloaded into a full index directory, a lock file
+        full = no_room(os.path.dirname(os.path.abspath(location)), exc)
+        if full is not None:
+            raise full from exc
+        raise
+
+
+def _open_for_task(
+    location: str, io: FileIO, metadata: TableMetadata, columns: KeyColumns, write_id: str, partition_id: int,
+    attempt: int, stored: StoredTombstones, started: float,
+) -> TaskIndex:
     path = make_index_dir(location)
     host = index_owner(path)
 

@@ -14,6 +14,7 @@ import operator
 from collections.abc import Callable, Iterable, Sequence
 from itertools import compress, repeat
 
+import lmdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -120,20 +121,39 @@ class KeyShard(IndexEnvironment):
         and a function giving a file's ordinal inside this transaction, and returns which
         keys change (distinct indices into `keys`, in any order) and their new packed
         locations (`pack_positions`; None deletes the key). One transaction means one lock
-        round and one read per key (the undo record reuses the lookup). `decide` must not touch the index. The map is
-        not grown here (decide may have side effects and must not run twice): the default
-        map is 64 GiB of address space. `ordinal_of` gives a data file's ordinal in the
-        index's file table.
+        round and one read per key (the undo record reuses the lookup). `decide` must not
+        touch the index, and runs once: it places rows (side effects). So when the map is
+        full, the transaction (aborted whole) is written again from what `decide` made of
+        it, on a grown map; the shard's host lock, which the caller holds from the lookup to
+        here, has kept every other writer of the host out, so what it looked up still holds
+        (checked). `ordinal_of` gives a data file's ordinal in the index's file table.
         """
         fitted = self._fit_all(keys)
         token_raw = token.encode()
-        with self._lock, self._begin(write=True) as txn:
-            prevs = list(map(txn.get, fitted, repeat(None), repeat(self._keys)))
-            changed, values = decide(decode_locations(prevs), ordinal_of)
-            # Only the changed keys are written, back in key order (neighbouring pages).
-            order = np.argsort(changed, kind="stable")
-            which = changed[order]
-            self._write_changes(txn, token_raw, take_items(fitted, which), take_items(prevs, which), take_items(values, order))
+        with self._lock:
+            try:
+                with self._begin(write=True) as txn:
+                    prevs = list(map(txn.get, fitted, repeat(None), repeat(self._keys)))
+                    changed, values = decide(decode_locations(prevs), ordinal_of)
+                    # Only the changed keys are written, back in key order (neighbouring pages).
+                    order = np.argsort(changed, kind="stable")
+                    which = changed[order]
+                    keys_out, prevs_out, news_out = take_items(fitted, which), take_items(prevs, which), take_items(values, order)
+                    self._write_changes(txn, token_raw, keys_out, prevs_out, news_out)
+                return
+            except lmdb.MapFullError:
+                pass
+            except lmdb.Error as exc:
+                self._raise_if_full(exc)
+                raise
+            self._resize()
+
+            def again(txn: Txn) -> None:
+                if list(map(txn.get, keys_out, repeat(None), repeat(self._keys))) != prevs_out:
+                    raise RuntimeError(f"key index {self.path} changed under its host lock during a keyed transaction")
+                self._write_changes(txn, token_raw, keys_out, prevs_out, news_out)
+
+            self._write(again)  # grows the map further if need be
 
     def _write_changes(
         self, txn: Txn, token: bytes, order: list[bytes], all_prevs: list[bytes | None], all_news: list[bytes | None]

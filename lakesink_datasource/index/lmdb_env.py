@@ -1,6 +1,6 @@
 """LMDB plumbing of the key index's environments: what the index uses of a transaction,
-how an environment is opened, transactions that adopt and grow the memory map, and keys
-fitted to LMDB's key size limit.
+how an environment is opened, and keys fitted to LMDB's key size limit (the memory map's
+size, and its growth, are `environment.IndexEnvironment`'s).
 
 Keys longer than LMDB's key limit (511 bytes by default) are stored as a prefix plus a
 256-bit BLAKE2b digest of the full key; the result always has exactly the limit's length,
@@ -11,14 +11,13 @@ lose bytewise ordering among themselves inside LMDB, which only costs lookup loc
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar
 
 import lmdb
 
-__all__ = ["Cursor", "Txn", "begin", "fit_key", "fit_keys", "open_environment", "read", "write"]
+__all__ = ["Cursor", "Txn", "fit_key", "fit_keys", "open_environment"]
 
 T = TypeVar("T")
 
@@ -65,35 +64,6 @@ def open_environment(path: str, map_size: int) -> lmdb.Environment:
     # Free reader slots left behind by worker processes that died mid-transaction.
     env.reader_check()
     return env
-
-
-def begin(env: lmdb.Environment, write: bool, buffers: bool = False) -> Txn:
-    """A transaction on the current map; a map another process grew is adopted first."""
-    while True:
-        try:
-            if buffers:
-                return cast(Txn, env.begin(write=write, buffers=True))
-            return cast(Txn, env.begin(write=write))
-        except lmdb.MapResizedError:
-            env.set_mapsize(0)  # 0: take the size the other process set
-
-
-def write(env: lmdb.Environment, lock: AbstractContextManager[Any], body: Callable[[Txn], T]) -> T:
-    """Run `body` in one write txn, growing the map and retrying when it is full. `lock`
-    keeps this process's other threads out: set_mapsize needs no live txn in the process."""
-    with lock:
-        while True:
-            try:
-                with begin(env, write=True) as txn:
-                    return body(txn)
-            except lmdb.MapFullError:
-                # The txn was aborted, so `body` re-runs from scratch on a bigger map.
-                env.set_mapsize(env.info()["map_size"] * 2)
-
-
-def read(env: lmdb.Environment, lock: AbstractContextManager[Any], body: Callable[[Txn], T]) -> T:
-    with lock, begin(env, write=False) as txn:
-        return body(txn)
 
 
 def fit_key(key: bytes, max_key: int) -> bytes:

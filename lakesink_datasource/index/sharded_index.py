@@ -56,6 +56,10 @@ __all__ = ["SHARDS", "IndexSnapshot", "ShardedIndex", "drop_sharded", "lock_path
 # that a chunk's keys still fill each shard's B-tree pages (a chunk has 100K keys).
 SHARDS = 8
 
+# Room left in the file table's map before a keyed transaction: its new files' ordinals
+# (a few hundred bytes each; a chunk's rows go to at most a few hundred files).
+FILE_TABLE_ROOM = 1 << 20
+
 # decide(which, found, ordinal_of): `which` are the indices (into the keys given to
 # `transact`) of one shard's keys, `found` their current locations; returns the indices
 # into `which` that change and their new packed locations (None deletes the key).
@@ -156,6 +160,9 @@ class ShardedIndex:
         every remaining one is busy does the task wait (for the first of them)."""
         parts = self._split(keys)
         pending = [s for s, which in enumerate(parts) if len(which)]
+        # The file table's map cannot grow under the move maps' view below, while the
+        # shards' transactions give this task's new files their ordinals: room first.
+        self.files.make_room(FILE_TABLE_ROOM)
         # Move maps change only in a sync, which holds every shard's lock: what this
         # transaction reads of them stays true while it holds one.
         with self.files.move_maps() as maps:
@@ -336,8 +343,8 @@ class IndexSnapshot:
         return {name: env.copy_to(os.path.join(folder, name), txn) for name, (env, txn) in self._txns.items()}
 
     def close(self) -> None:
-        for _env, txn in self._txns.values():
-            txn.abort()
+        for env, txn in self._txns.values():
+            env.end_read(txn)
         self._txns = {}
 
 

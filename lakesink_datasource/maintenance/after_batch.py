@@ -19,12 +19,14 @@ from collections.abc import Sequence
 from pyiceberg.table import Table
 
 from lakesink_datasource.catalog import loader, sql_commit
+from lakesink_datasource.catalog.transient import catalog_call
 from lakesink_datasource.compaction.budget import compaction_budget, compaction_min_files
 from lakesink_datasource.iceberg.properties import TableSettings
+from lakesink_datasource.iceberg.retry import RetryClock
 from lakesink_datasource.maintenance.compaction import CompactionResult, compact, land_carried
 from lakesink_datasource.maintenance.orphans import remove_orphans
 from lakesink_datasource.messages import TaskResult
-from lakesink_datasource.table.plan import WritePlan
+from lakesink_datasource.table.plan import WritePlan, retry_clock
 
 log = logging.getLogger("lakesink")
 
@@ -45,15 +47,18 @@ def carried_by_tasks(plan: WritePlan) -> bool:
     )
 
 
-def land_compaction(plan: WritePlan, results: Sequence[TaskResult], batch_id: int | None) -> CompactionResult | None:
+def land_compaction(
+    plan: WritePlan, results: Sequence[TaskResult], batch_id: int | None, clock: RetryClock | None = None
+) -> CompactionResult | None:
     """Land what the write's tasks compacted (before the batch's own snapshot). Never fails
     the batch: on any error the new files are left to orphan removal and the groups are
-    planned again with a later write."""
+    planned again with a later write. `clock`: the batch's commit operation's."""
     if not any(r.compaction is not None for r in results):
         return None
+    clock = clock if clock is not None else retry_clock(plan, f"committing batch {batch_id} to {plan.identifier}")
     try:
-        table = sql_commit.load_table(loader.load(plan.catalog), plan.identifier)
-        result = land_carried(table, results, batch_id)
+        table = _load(plan, clock)
+        result = land_carried(table, results, batch_id, clock)
     except Exception:
         log.warning("lakesink: landing the compaction batch %s carried failed; the batch goes on", batch_id, exc_info=True)
         return None
@@ -62,22 +67,31 @@ def land_compaction(plan: WritePlan, results: Sequence[TaskResult], batch_id: in
     return result
 
 
+def _load(plan: WritePlan, clock: RetryClock) -> Table:
+    name = loader.describe(plan.catalog)
+    catalog = catalog_call(clock, lambda: loader.load(plan.catalog), what="opening the catalog", catalog=name)
+    return catalog_call(clock, lambda: sql_commit.load_table(catalog, plan.identifier), what=f"loading table {plan.identifier}", catalog=name)
+
+
 def maintain_after_commit(
-    plan: WritePlan, batch_bytes: int, batch_id: int | None, table: Table | None = None, batch_files: int = 0
+    plan: WritePlan, batch_bytes: int, batch_id: int | None, table: Table | None = None, batch_files: int = 0,
+    clock: RetryClock | None = None,
 ) -> CompactionResult | None:
     """`table`: the table as the batch's commit left it (loaded from the catalog if not given);
-    `batch_bytes`, `batch_files`: what the batch wrote."""
+    `batch_bytes`, `batch_files`: what the batch wrote; `clock`: the batch's commit
+    operation's (maintenance may run in a thread of its own: its scope counts apart)."""
     if plan.options.maintenance == "off":
         return None
+    clock = clock.scoped("maintenance") if clock is not None else retry_clock(plan, f"maintenance of {plan.identifier}")
     try:
-        table = table or sql_commit.load_table(loader.load(plan.catalog), plan.identifier)
+        table = table or _load(plan, clock)
         settings = TableSettings.of_table(table.metadata)
         if carried_by_tasks(plan):
             _maybe_remove_orphans(table, settings)
             return None
         result = compact(
             table, budget_bytes=compaction_budget(settings, batch_bytes), batch_id=batch_id,
-            min_files=compaction_min_files(settings, batch_files),
+            min_files=compaction_min_files(settings, batch_files), clock=clock,
         )
         if result.snapshot_id is not None:
             log.info("lakesink: compaction after batch %s: %s in %.3f s", batch_id, result.describe(), result.seconds,
@@ -88,7 +102,7 @@ def maintain_after_commit(
         if result.snapshot_id is not None:
             # The scan must see the compaction's own files as referenced: from the table as
             # the compaction left it, not as the batch did.
-            table = sql_commit.load_table(loader.load(plan.catalog), plan.identifier)
+            table = _load(plan, clock)
         _maybe_remove_orphans(table, settings)
         return result
     except Exception:

@@ -36,6 +36,7 @@ from lakesink_datasource.compaction.rewrite import rewrite_by_shard
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg import summary_keys as keys
 from lakesink_datasource.iceberg.properties import TableSettings
+from lakesink_datasource.iceberg.retry import RetryClock, RetryPolicy
 from lakesink_datasource.messages import DataFileMessage, ReadFile, TaskResult
 from lakesink_datasource.version import __version__
 
@@ -78,11 +79,26 @@ def compact(
     progress: Callable[[int], None] | None = None,
     batch_id: int | None = None,
     min_files: int = 0,
+    clock: RetryClock | None = None,
 ) -> CompactionResult:
     """Rewrite the small (or mostly deleted) files the planner picks and commit the result
     as one `replace` snapshot on exactly the state that was read. `progress` gets the bytes
     of each input file once it is rewritten; `tiered=False` merges all small files of a
-    partition (see `plan_compaction`); `min_files`: do nothing until the work has that many files."""
+    partition (see `plan_compaction`); `min_files`: do nothing until the work has that many
+    files; `clock`: the operation's it is part of (iceberg/retry.py), else its own."""
+    clock = clock if clock is not None else _own_clock(table, "compaction")
+    with clock.active():
+        return _compact(table, budget_bytes, target_file_size, dry_run, tiered, progress, batch_id, min_files, clock)
+
+
+def _own_clock(table: Table, what: str) -> RetryClock:
+    return RetryPolicy.of(TableSettings.of_table(table.metadata)).start(f"{what} of {'.'.join(table.name())}")
+
+
+def _compact(
+    table: Table, budget_bytes: int, target_file_size: int | None, dry_run: bool, tiered: bool,
+    progress: Callable[[int], None] | None, batch_id: int | None, min_files: int, clock: RetryClock,
+) -> CompactionResult:
     started = time.perf_counter()
     plan, inputs = plan_for(table, budget_bytes, target_file_size, tiered=tiered, min_files=min_files)
     chosen = [inputs[f.path] for g in plan.groups for f in g.files]
@@ -109,14 +125,15 @@ def compact(
     )
     read = [read_file(i) for i in every]
     snapshot = metadata.current_snapshot()
-    landed, reason = _land(table, read, messages, delete_outputs, batch_id, read_at=snapshot.snapshot_id if snapshot else None)
+    landed, reason = _land(table, read, messages, delete_outputs, batch_id, read_at=snapshot.snapshot_id if snapshot else None, clock=clock)
     return result(landed, len(messages) if landed else 0, sum(m.file_size_in_bytes for m in messages) if landed else 0, reason)
 
 
-def land_carried(table: Table, results: Sequence[TaskResult], batch_id: int | None) -> CompactionResult | None:
+def land_carried(table: Table, results: Sequence[TaskResult], batch_id: int | None, clock: RetryClock) -> CompactionResult | None:
     """The groups a write's tasks rewrote (compaction/carried.py) as one `replace` snapshot on
     `table` as it is now, or nothing if another commit changed their files since the write
-    was planned (their new files are then deleted). None: the tasks rewrote nothing."""
+    was planned (their new files are then deleted). None: the tasks rewrote nothing.
+    `clock`: the batch's commit operation's."""
     done = [r.compaction for r in results if r.compaction is not None and not r.skipped]
     if not done:
         return None
@@ -129,7 +146,7 @@ def land_carried(table: Table, results: Sequence[TaskResult], batch_id: int | No
         return delete_files(table.io, [m.path for m in messages])
 
     planned = next((r.planned_snapshot_id for r in results if r.compaction is not None), None)
-    landed, reason = _land(table, rewritten + dropped, messages, delete_outputs, batch_id, read_at=planned)
+    landed, reason = _land(table, rewritten + dropped, messages, delete_outputs, batch_id, read_at=planned, clock=clock.scoped())
     return CompactionResult(
         landed, len(rewritten), len(dropped), len(messages) if landed else 0,
         sum(1 for f in rewritten + dropped if f.deletion_vector is not None), sum(m.bytes_read for m in done),
@@ -140,7 +157,7 @@ def land_carried(table: Table, results: Sequence[TaskResult], batch_id: int | No
 
 def _land(
     table: Table, read: list[ReadFile], messages: list[DataFileMessage], delete_outputs: Callable[[], object],
-    batch_id: int | None, *, read_at: int | None,
+    batch_id: int | None, *, read_at: int | None, clock: RetryClock,
 ) -> tuple[int | None, str | None]:
     """Commit a rewrite as one `replace` snapshot on `table`'s state: the new snapshot's id,
     or None and why not (its new files deleted then). `read_at`: the snapshot the rewrite
@@ -168,7 +185,7 @@ def _land(
             return None, f"the table changed while compacting ({exc})"
         raise
     try:
-        committed = swap_settled(table, PreparedCommit(metadata, new_snapshot), what=f"compaction of {'.'.join(table.name())}")
+        committed = swap_settled(table, PreparedCommit(metadata, new_snapshot), what=f"compaction of {'.'.join(table.name())}", clock=clock)
     except CommitFailedException as exc:
         # The swap was refused: nothing references the new files.
         producer.cleanup(committed_attempt=None)

@@ -25,12 +25,15 @@ from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 
+from lakesink_datasource.catalog.transient import catalog_call
 from lakesink_datasource.commit.append_rows import append_rows
 from lakesink_datasource.commit.cleanup import delete_files
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.history import ancestors
 from lakesink_datasource.iceberg.listing import list_files
 from lakesink_datasource.iceberg.live_files import live_data_files
+from lakesink_datasource.iceberg.properties import TableSettings
+from lakesink_datasource.iceberg.retry import DEFAULT_POLICY, RetryClock, RetryPolicy
 from lakesink_datasource.iceberg.summary_keys import TOMBSTONES
 from lakesink_datasource.table.location_guard import metadata_files
 from lakesink_datasource.table.tombstone_table import STORED_THROUGH, SUFFIX, companion_identifier, load_companion
@@ -100,7 +103,15 @@ def _salvage(io: FileIO, location: str, report: RepairReport) -> list[pa.Table]:
 
 def repair_tombstones(catalog: Catalog, identifier: str, *, accept_loss: bool = False) -> RepairReport:
     report = RepairReport()
-    table = catalog.load_table(identifier)
+    table = catalog_call(DEFAULT_POLICY.start(f"repairing {companion_identifier(identifier)}"), lambda: catalog.load_table(identifier),
+                         what=f"loading table {identifier}", catalog=f"catalog {catalog.name!r}")
+    # One operation, with the table's budgets (iceberg/retry.py).
+    clock = RetryPolicy.of(TableSettings.of_table(table.metadata)).start(f"repairing {companion_identifier(identifier)}")
+    with clock.active():
+        return _repair(catalog, identifier, table, accept_loss, report, clock)
+
+
+def _repair(catalog: Catalog, identifier: str, table: Table, accept_loss: bool, report: RepairReport, clock: RetryClock) -> RepairReport:
     if _readable_companion(catalog, identifier) is not None:
         return report
     location = f"{table.metadata.location.rstrip('/')}{SUFFIX}"
@@ -125,13 +136,13 @@ def repair_tombstones(catalog: Catalog, identifier: str, *, accept_loss: bool = 
             f"the tombstone table from what can be read ({report.from_companion} + {report.from_snapshots} tombstone(s))"
         )
     rows = pa.concat_tables(parts, promote_options="permissive") if parts else None
-    _replace(catalog, identifier, table, rows, location)
+    _replace(catalog, identifier, table, rows, location, clock)
     report.rows = rows.num_rows if rows is not None else 0
     report.replaced = True
     return report
 
 
-def _replace(catalog: Catalog, identifier: str, table: Table, rows: pa.Table | None, old_location: str) -> None:
+def _replace(catalog: Catalog, identifier: str, table: Table, rows: pa.Table | None, old_location: str, clock: RetryClock) -> None:
     name = companion_identifier(identifier)
     try:
         catalog.drop_table(name)
@@ -140,12 +151,17 @@ def _replace(catalog: Catalog, identifier: str, table: Table, rows: pa.Table | N
     newest = table.metadata.current_snapshot()
     through = str(newest.sequence_number if newest is not None and newest.sequence_number is not None else -1)
     if rows is not None and rows.num_rows:
-        fresh = catalog.create_table(
-            name, schema=rows.schema, location=f"{old_location}-{uuid.uuid4().hex[:8]}",
-            properties={"format-version": "2", "write.metadata.delete-after-commit.enabled": "true",
-                        "write.metadata.previous-versions-max": "10"},
+        location = f"{old_location}-{uuid.uuid4().hex[:8]}"
+        fresh = catalog_call(
+            clock,
+            lambda: catalog.create_table(
+                name, schema=rows.schema, location=location,
+                properties={"format-version": "2", "write.metadata.delete-after-commit.enabled": "true",
+                            "write.metadata.previous-versions-max": "10"},
+            ),
+            what=f"creating table {name}", catalog=f"catalog {catalog.name!r}",
         )
-        append_rows(fresh, rows, properties={STORED_THROUGH: through})
+        append_rows(fresh, rows, properties={STORED_THROUGH: through}, clock=clock)
     # The damaged companion's files: nothing refers to them any more.
     old_io = load_file_io(catalog.properties, old_location)
     delete_files(old_io, [f.path for f in list_files(old_io, old_location)])

@@ -18,12 +18,14 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
 from pyiceberg.table import Table
 
-from lakesink_datasource.catalog.transient import first_line, retrying
+from lakesink_datasource.catalog import sql_commit
+from lakesink_datasource.catalog.transient import catalog_call, catalog_unavailable, first_line
 from lakesink_datasource.commit.append_rows import append_rows
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.history import ancestors
 from lakesink_datasource.iceberg.live_files import live_data_files
-from lakesink_datasource.iceberg.properties import METADATA_DELETE_AFTER_COMMIT, METADATA_PREVIOUS_VERSIONS_MAX
+from lakesink_datasource.iceberg.properties import METADATA_DELETE_AFTER_COMMIT, METADATA_PREVIOUS_VERSIONS_MAX, TableSettings
+from lakesink_datasource.iceberg.retry import ANY, DEFAULT_POLICY, RetryClock, RetryPolicy
 from lakesink_datasource.iceberg.summary_keys import TOMBSTONES, TOTAL_DATA_FILES
 from lakesink_datasource.maintenance.compaction import compact
 from lakesink_datasource.maintenance.expire import expire_snapshots
@@ -49,28 +51,56 @@ def _pending_files(table: Table, through: int) -> tuple[list[str], int]:
     return files, newest
 
 
-def _create_companion(catalog: Catalog, identifier: str, schema: pa.Schema) -> Table:
+def _create_companion(catalog: Catalog, identifier: str, schema: pa.Schema, clock: RetryClock, catalog_name: str) -> Table:
     namespace = identifier.rsplit(".", 1)[0]
     try:
-        catalog.create_namespace(namespace)
+        catalog_call(clock, lambda: catalog.create_namespace(namespace), what=f"creating namespace {namespace}", catalog=catalog_name)
     except NamespaceAlreadyExistsError:
         pass
+    name = companion_identifier(identifier)
     try:
-        return catalog.create_table(
-            companion_identifier(identifier),
-            schema=schema,
-            properties={"format-version": "2", METADATA_DELETE_AFTER_COMMIT: "true", METADATA_PREVIOUS_VERSIONS_MAX: "10"},
+        return catalog_call(
+            clock,
+            lambda: catalog.create_table(
+                name, schema=schema,
+                properties={"format-version": "2", METADATA_DELETE_AFTER_COMMIT: "true", METADATA_PREVIOUS_VERSIONS_MAX: "10"},
+            ),
+            what=f"creating table {name}", catalog=catalog_name,
         )
     except TableAlreadyExistsError:
-        return catalog.load_table(companion_identifier(identifier))
+        return catalog_call(clock, lambda: catalog.load_table(name), what=f"loading table {name}", catalog=catalog_name)
 
 
-def store_tombstones(catalog: Catalog, identifier: str, table: Table | None = None) -> int:
+def store_tombstones(catalog: Catalog, identifier: str, table: Table | None = None, clock: RetryClock | None = None) -> int:
     """Append the not yet stored tombstones of `identifier` (`table`, when the caller has it
     loaded) to its companion; returns rows. Raises when they cannot be stored; the
-    companion's own upkeep (expiry, compaction) afterwards only logs its failures."""
-    table = table or catalog.load_table(identifier)
-    companion = load_companion(catalog, identifier)
+    companion's own upkeep (expiry, compaction) afterwards only logs its failures. `clock`:
+    the operation's it is part of (iceberg/retry.py), else one of its own with the table's
+    budgets: a race with another writer of the companion is tried again on the new state,
+    within them."""
+    name = f"catalog {catalog.name!r}"
+    if clock is None:
+        table = table or catalog_call(_default_clock(), lambda: sql_commit.load_table(catalog, identifier), what=f"loading table {identifier}", catalog=name)
+        clock = RetryPolicy.of(TableSettings.of_table(table.metadata)).start(f"storing the tombstones of {identifier}")
+    clock = clock.scoped(f"storing the tombstones of {identifier}")
+    loaded = [table]
+
+    def attempt() -> int:
+        current = loaded[0] or catalog_call(clock, lambda: sql_commit.load_table(catalog, identifier), what=f"loading table {identifier}", catalog=name)
+        loaded[0] = None  # a race: the next attempt reads the table again
+        return _store(catalog, identifier, current, clock, name)
+
+    with clock.active():
+        return clock.run(attempt, doing=f"storing the tombstones of {identifier}", retry_on=ANY,
+                         exhausted=catalog_unavailable(name, f"storing the tombstones of {identifier}: "))
+
+
+def _default_clock() -> RetryClock:
+    return DEFAULT_POLICY.start("loading a table")
+
+
+def _store(catalog: Catalog, identifier: str, table: Table, clock: RetryClock, catalog_name: str) -> int:
+    companion = catalog_call(clock, lambda: load_companion(catalog, identifier), what=f"loading {companion_identifier(identifier)}", catalog=catalog_name)
     files, newest = _pending_files(table, stored_through(companion))
     if not files:
         return 0
@@ -85,16 +115,16 @@ def store_tombstones(catalog: Catalog, identifier: str, table: Table | None = No
     if rows is None or rows.num_rows == 0:
         return 0
     if companion is None:
-        companion = _create_companion(catalog, identifier, rows.schema)
+        companion = _create_companion(catalog, identifier, rows.schema, clock, catalog_name)
     # The mark is a table property set by the same commit: it survives any engine's
     # compaction and expiry of the companion, which keep table properties.
-    companion = append_rows(companion, rows, properties={STORED_THROUGH: str(newest)})
+    companion = append_rows(companion, rows, properties={STORED_THROUGH: str(newest)}, clock=clock)
     try:
         if len(companion.metadata.snapshots) > KEEP_SNAPSHOTS:
-            expire_snapshots(companion, max_age_ms=0)
+            expire_snapshots(companion, max_age_ms=0, clock=clock)
             companion = companion.refresh()
         if _live_files(companion) >= COMPACT_AT_FILES:
-            compact(companion, budget_bytes=1 << 40, tiered=False)
+            compact(companion, budget_bytes=1 << 40, tiered=False, clock=clock.scoped())
     except Exception:
         # The rows are stored; a companion left untidied is tidied by a later run.
         log.warning("lakesink: could not compact or expire %s", companion_identifier(identifier), exc_info=True)
@@ -113,13 +143,14 @@ class TombstonesNotDurable(LakesinkError, RuntimeError):
     """The tombstones of earlier batches cannot be stored: a sequenced batch does not commit."""
 
 
-def store_tombstones_before_commit(catalog: Catalog, identifier: str, catalog_name: str) -> None:
+def store_tombstones_before_commit(catalog: Catalog, identifier: str, clock: RetryClock) -> None:
     """Before a sequenced batch commits: store every earlier batch's tombstones, or refuse
     the batch. Its commit may expire the snapshots naming them (and other engines' expiry
     and orphan removal drop those files), so deletes whose only copy would go must reach
-    the companion table first."""
+    the companion table first. `clock`: the batch's commit operation's: the storing, the
+    catalog calls and file reads inside it wait within its one budget."""
     try:
-        stored = retrying(lambda: store_tombstones(catalog, identifier), what=f"storing the tombstones of {identifier}", catalog=catalog_name)
+        stored = store_tombstones(catalog, identifier, clock=clock)
     except Exception as exc:
         raise TombstonesNotDurable(
             f"the deletes of {identifier} cannot be stored in its tombstone table {companion_identifier(identifier)} "
@@ -131,12 +162,12 @@ def store_tombstones_before_commit(catalog: Catalog, identifier: str, catalog_na
         log.info("lakesink: stored %d tombstone(s) of %s in %s", stored, identifier, companion_identifier(identifier))
 
 
-def store_tombstones_safely(catalog: Catalog, identifier: str, table: Table | None = None) -> None:
+def store_tombstones_safely(catalog: Catalog, identifier: str, table: Table | None = None, clock: RetryClock | None = None) -> None:
     """After a batch's commit: `store_tombstones`, logging instead of raising (the batch
     landed; its snapshot names its tombstones, kept from lakesink's expiry until stored,
     and the next batch does not commit before they are)."""
     try:
-        stored = store_tombstones(catalog, identifier, table)
+        stored = store_tombstones(catalog, identifier, table, clock=clock)
         if stored:
             log.info("lakesink: stored %d tombstone(s) of %s in %s", stored, identifier, companion_identifier(identifier))
     except Exception:

@@ -31,9 +31,11 @@ from pyiceberg.table.snapshots import Snapshot
 
 from lakesink_datasource.arrays import unique_sorted
 from lakesink_datasource.catalog import loader, sql_commit
+from lakesink_datasource.catalog.transient import catalog_call
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.live_files import keep_mask
 from lakesink_datasource.iceberg.properties import DEFAULT_READ_SPLIT_BYTES, read_split_target
+from lakesink_datasource.iceberg.retry import DEFAULT_POLICY
 from lakesink_datasource.iceberg.row_lineage import FIELD_ID_KEY, field_ids
 from lakesink_datasource.options import OptionError
 from lakesink_datasource.read.options import ReadOptions
@@ -63,11 +65,18 @@ class TableState:
 
 
 def load_table(options: ReadOptions) -> Table:
-    catalog = loader.load(loader.catalog_config(options))
+    """The table a read names, its catalog calls waited for through a lock or an outage as
+    a write's are (iceberg/retry.py; a read has no table settings before the table: the
+    defaults)."""
+    config = loader.catalog_config(options)
+    clock = DEFAULT_POLICY.start(f"reading {options.table}")
+    name = loader.describe(config)
+    catalog = catalog_call(clock, lambda: loader.load(config), what="opening the catalog", catalog=name)
     try:
-        return sql_commit.load_table(catalog, options.table)
+        with clock.active():
+            return catalog_call(clock, lambda: sql_commit.load_table(catalog, options.table), what=f"loading table {options.table}", catalog=name)
     except NoSuchTableError:
-        raise NoSuchTable(f"table {options.table} does not exist (catalog {loader.catalog_config(options).name})") from None
+        raise NoSuchTable(f"table {options.table} does not exist (catalog {config.name})") from None
 
 
 def _retained(table: Table) -> str:

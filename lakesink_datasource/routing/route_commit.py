@@ -25,8 +25,9 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from lakesink_datasource.catalog import loader
 from lakesink_datasource.catalog.table_transaction import TableTransaction, TransactionAborted, supports_transactions
+from lakesink_datasource.catalog.transient import catalog_call
 from lakesink_datasource.messages import LakeSinkCommitMessage, RoutedTablesMessage
-from lakesink_datasource.table.plan import WritePlan
+from lakesink_datasource.table.plan import WritePlan, retry_clock
 
 log = logging.getLogger("lakesink")
 
@@ -64,7 +65,13 @@ def commit_routed(
     if not tables:
         return "no table"
     names = sorted(tables)
-    catalog = loader.load(tables[names[0]][0].catalog)
+    first = tables[names[0]][0]
+    # Each table's commit waits on its own clock (its own budgets, in its own thread); the
+    # batch's one catalog handle is opened on the first table's.
+    catalog = catalog_call(
+        retry_clock(first, f"committing batch {batch_id}"), lambda: loader.load(first.catalog), what="opening the catalog",
+        catalog=loader.describe(first.catalog),
+    )
     if together and 1 < len(names) <= MAX_TOGETHER and supports_transactions(catalog):
         transaction = TableTransaction(catalog, len(names))
         _commit_together(tables, names, batch_id, commit, abort, transaction)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +22,7 @@ from pyiceberg.table import Table
 
 from lakesink_datasource.catalog.errors import CatalogError
 from lakesink_datasource.iceberg.listing import list_files
+from lakesink_datasource.iceberg.retry import Busy, RetriesSpent, RetryClock, Spent
 
 
 class LocationInUse(CatalogError):
@@ -82,17 +82,31 @@ def refuse_if_in_use(io: FileIO, location: str, identifier: str, catalog: str, o
     )
 
 
-def created_meanwhile(load: Callable[[], Table | None], *, attempts: int = 20) -> Table | None:
+def created_meanwhile(load: Callable[[], Table | None], clock: RetryClock) -> Table | None:
     """The table another writer is creating right now (its metadata file is written, its
-    catalog entry follows), once the catalog shows it; None when none appears within about
-    8 s (a table the catalog lost: the caller refuses the location). Several tasks of one
+    catalog entry follows), once the catalog shows it; None when none appears within the
+    retry policy's budget for a lock (`commit.retry.*`: with Iceberg's defaults about 8 s
+    over five looks), which is what this is: another writer's catalog call is in flight.
+    (None: a table the catalog lost; the caller refuses the location.) Several tasks of one
     routed write meet a new table at once and each creates it."""
-    for attempt in range(attempts):
+
+    def look() -> Table:
         table = load()
-        if table is not None:
-            return table  # the catalog has it now: it is the table of that name, whoever created it
-        time.sleep(min(0.05 * (attempt + 1), 0.5))  # the other creator's catalog call is in flight (7.75 s in all)
-    return None
+        if table is None:
+            raise Busy("the table's catalog entry is not there yet: another writer is creating it")
+        return table  # the catalog has it now: it is the table of that name, whoever created it
+
+    def gave_up(_spent: Spent) -> _NotCreated:
+        return _NotCreated()
+
+    try:
+        return clock.scoped().run(look, doing="waiting for another writer's creation of the table", exhausted=gave_up)
+    except _NotCreated:
+        return None
+
+
+class _NotCreated(RetriesSpent):
+    """No catalog entry appeared for the metadata found at the location."""
 
 
 def remove_lost_creations(io: FileIO, location: str, before: frozenset[str], winner_uuid: str) -> None:

@@ -14,6 +14,8 @@ from pyiceberg.table.metadata import TableMetadata
 
 from lakesink_datasource.catalog.loader import CatalogConfig
 from lakesink_datasource.compaction.carried import CarriedCompaction
+from lakesink_datasource.iceberg.properties import effective_properties
+from lakesink_datasource.iceberg.retry import REAL_TIME, RetryClock, RetryPolicy, TimeSource
 from lakesink_datasource.options import WriteOptions
 
 
@@ -84,3 +86,11 @@ def write_spec(plan: WritePlan, metadata: TableMetadata) -> PartitionSpec:
     if plan.write_spec_id is not None:
         return metadata.specs()[plan.write_spec_id]
     return metadata.spec()
+
+
+def retry_clock(plan: WritePlan, what: str, time: TimeSource = REAL_TIME) -> RetryClock:
+    """A clock for one operation of the write (iceberg/retry.py): the budgets of the table
+    as planned (its FileIO holds its properties) under the write's own `property.<key>`
+    options, until the caller adopts the table's as it loads it."""
+    properties = effective_properties(plan.io_properties, plan.options.table_properties)
+    return RetryPolicy.from_properties(properties, time).start(what)

@@ -10,19 +10,22 @@ which Iceberg allows and any engine's metadata cleanup may drop.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
-from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import AddSchemaUpdate, AssertCurrentSchemaId, AssertLastAssignedFieldId, SetCurrentSchemaUpdate
 from pyspark.sql.types import StructType
 
 from lakesink_datasource.catalog import sql_commit
-from lakesink_datasource.catalog.transient import retrying
+from lakesink_datasource.catalog.transient import catalog_unavailable
+from lakesink_datasource.errors import LakesinkError
+from lakesink_datasource.iceberg.retry import Exhausted, Failure, RetryClock, Spent
 from lakesink_datasource.schema.evolution import merge_schema
 
-_ATTEMPTS = 10
+
+class StagingRaced(LakesinkError, RuntimeError):
+    """Other writers kept changing the table's schema or specs while this write staged its own."""
 
 
 @dataclass(frozen=True)
@@ -33,15 +36,41 @@ class StagedSchema:
     changes: list[str]
 
 
+def staging_spent(what: str, catalog: str) -> Exhausted:
+    """The error once staging's budget is spent: other writers' races, or the catalog."""
+    unavailable = catalog_unavailable(catalog, f"{what}: ")
+
+    def build(spent: Spent) -> BaseException:
+        if spent.kind is Failure.RACE:
+            return StagingRaced(f"could not finish {what}: other writers kept changing the table ({spent.describe()})")
+        return unavailable(spent)
+
+    return build
+
+
+def _staged(metadata: TableMetadata, base: TableMetadata, schema: Schema) -> Schema | None:
+    """The schema of `metadata` a staging of `schema` on `base` left: one `base` lacks with
+    the same fields (the lost commit landed, or another writer staged the same evolution)."""
+    known = {s.schema_id for s in base.schemas}
+    return next((s for s in metadata.schemas if s.schema_id not in known and s.fields == schema.fields), None)
+
+
 def stage_evolution(
-    table: Table, incoming: StructType, key_columns: tuple[str, ...], *, make_current: bool = False
+    table: Table, incoming: StructType, key_columns: tuple[str, ...], *, clock: RetryClock, make_current: bool = False
 ) -> StagedSchema | None:
     """Stage the schema that accepts `incoming` (None when the current one already does).
 
     `make_current`: the evolved schema becomes current at once, in the same metadata commit
     (a routed write's tasks evolve the tables they meet: several tasks can then write with
-    one schema, where a staged one would be each task's own)."""
-    for _ in range(_ATTEMPTS):
+    one schema, where a staged one would be each task's own). `clock`: the planning's: a
+    race is staged again on the table as it is then, and a commit whose answer was lost is
+    settled by reading the table (as the data commit settles its own), never sent blindly."""
+    identifier = ".".join(table.name())
+    what = f"staging the evolved schema of {identifier}"
+    catalog = table.catalog
+    scope = clock.scoped(what)
+    spent = staging_spent(what, f"catalog {catalog.name!r}")
+    while True:
         metadata = table.metadata
         current = metadata.schema()
         evolution = merge_schema(
@@ -55,22 +84,24 @@ def stage_evolution(
             schema_id=max(s.schema_id for s in metadata.schemas) + 1,
             identifier_field_ids=list(current.identifier_field_ids),
         )
+        attempt = scope.begin()
         try:
-            response = retrying(
-                partial(
-                    sql_commit.commit,
-                    table,
-                    requirements=(
-                        AssertCurrentSchemaId(current_schema_id=current.schema_id),
-                        AssertLastAssignedFieldId(last_assigned_field_id=metadata.last_column_id),
-                    ),
-                    updates=(AddSchemaUpdate(schema_=schema), *((SetCurrentSchemaUpdate(schema_id=-1),) if make_current else ())),
+            response = sql_commit.commit(
+                table,
+                requirements=(
+                    AssertCurrentSchemaId(current_schema_id=current.schema_id),
+                    AssertLastAssignedFieldId(last_assigned_field_id=metadata.last_column_id),
                 ),
-                what=f"staging the evolved schema of {'.'.join(table.name())}", catalog=f"catalog {table.catalog.name!r}",
+                updates=(AddSchemaUpdate(schema_=schema), *((SetCurrentSchemaUpdate(schema_id=-1),) if make_current else ())),
             )
-        except CommitFailedException:
-            table = sql_commit.load_table(table.catalog, ".".join(table.name()))
+        except Exception as exc:  # noqa: BLE001 - the policy raises what it does not retry
+            kind = scope.failed(exc, attempt, doing=what, changes_table=True, exhausted=spent)
+            table = scope.run(lambda: sql_commit.load_table(catalog, identifier), doing=f"{what}, reading the table", exhausted=spent)
+            if kind is not Failure.RACE:
+                # The answer was lost: the table says whether the staging landed.
+                landed = _staged(table.metadata, metadata, schema)
+                if landed is not None and (not make_current or table.metadata.current_schema_id == landed.schema_id):
+                    return StagedSchema(table, landed, current.schema_id, evolution.changes)
             continue
         staged = Table(table.name(), metadata=response.metadata, metadata_location=response.metadata_location, io=table.io, catalog=table.catalog)
         return StagedSchema(staged, schema, current.schema_id, evolution.changes)
-    raise CommitFailedException(f"could not stage the evolved schema of {'.'.join(table.name())}: other writers kept changing it")

@@ -24,13 +24,13 @@ from pyspark.sql.types import StructType
 
 from lakesink_datasource.catalog import loader, sql_commit
 from lakesink_datasource.catalog.errors import CatalogError
-from lakesink_datasource.catalog.transient import retrying
+from lakesink_datasource.catalog.transient import catalog_call
 from lakesink_datasource.compaction.budget import compaction_budget, compaction_min_files
 from lakesink_datasource.compaction.carried import CarriedCompaction, plan_carried
-from lakesink_datasource.iceberg import outage
 from lakesink_datasource.iceberg.compat import v3_metadata_writes
 from lakesink_datasource.iceberg.history import branch_head
 from lakesink_datasource.iceberg.properties import CREATE_DEFAULTS, FORMAT_VERSION, PropertyError, TableSettings
+from lakesink_datasource.iceberg.retry import RetryClock, RetryPolicy
 from lakesink_datasource.iceberg.row_filter import FilterError, parse_filter
 from lakesink_datasource.iceberg.summary_keys import tasks_of
 from lakesink_datasource.index.key_route import ROUTE_BY_TEXT, ROUTE_COLUMN, ROUTE_KEY
@@ -113,13 +113,15 @@ def _column_sources(options: WriteOptions, spark_schema: StructType, schema: Sch
     return column_mapping(spark_schema, schema, ignore=(options.op_column,) if options.op_column else ())
 
 
-def create_table(catalog: Catalog, options: WriteOptions, spark_schema: StructType, config: loader.CatalogConfig) -> Table:
+def create_table(
+    catalog: Catalog, options: WriteOptions, spark_schema: StructType, config: loader.CatalogConfig, clock: RetryClock
+) -> Table:
     schema = _new_table_schema(options, spark_schema)
     spec = parse_partition_spec(options.partition_by, schema)
     order = parse_sort_order(options.sort_by, schema)
     namespace = options.table.rsplit(".", 1)[0]
     name = loader.describe(config)
-    _ensure_namespace(catalog, namespace, name)
+    _ensure_namespace(catalog, namespace, name, clock)
     planned = _planned_location(catalog, options.table)
     before: frozenset[str] = frozenset()
     if planned is not None:
@@ -127,14 +129,15 @@ def create_table(catalog: Catalog, options: WriteOptions, spark_schema: StructTy
         try:
             refuse_if_in_use(planned_io, planned, options.table, name)
         except LocationInUse:
-            other = created_meanwhile(lambda: _loaded_or_none(catalog, options.table))
+            other = created_meanwhile(lambda: _loaded_or_none(catalog, options.table), clock)
             if other is None:
                 raise
             return other
         before = frozenset(metadata_files(planned_io, planned))
     try:
         with v3_metadata_writes():
-            table = retrying(
+            table = catalog_call(
+                clock,
                 lambda: catalog.create_table(
                     options.table,
                     schema=schema,
@@ -146,7 +149,7 @@ def create_table(catalog: Catalog, options: WriteOptions, spark_schema: StructTy
             )
     except TableAlreadyExistsError:
         # Another writer created it between our load and create: use theirs.
-        table = retrying(lambda: catalog.load_table(options.table), what=f"loading table {options.table}", catalog=name)
+        table = catalog_call(clock, lambda: catalog.load_table(options.table), what=f"loading table {options.table}", catalog=name)
         if planned is not None:
             remove_lost_creations(table.io, planned, before, str(table.metadata.table_uuid))
         return table
@@ -161,9 +164,9 @@ def create_table(catalog: Catalog, options: WriteOptions, spark_schema: StructTy
     return table
 
 
-def _ensure_namespace(catalog: Catalog, namespace: str, name: str) -> None:
+def _ensure_namespace(catalog: Catalog, namespace: str, name: str, clock: RetryClock) -> None:
     try:
-        retrying(lambda: catalog.create_namespace(namespace), what=f"creating namespace {namespace}", catalog=name)
+        catalog_call(clock, lambda: catalog.create_namespace(namespace), what=f"creating namespace {namespace}", catalog=name)
     except NamespaceAlreadyExistsError:
         pass
     except Exception:
@@ -206,15 +209,26 @@ def _stream_history_check(options: WriteOptions, catalog: str) -> None:
         )
 
 
-def resolve_table(options: WriteOptions, spark_schema: StructType, *, create: bool = True) -> Table | None:
+def planning_clock(options: WriteOptions) -> RetryClock:
+    """The clock of planning a write (iceberg/retry.py): the write's own `property.<key>`
+    options' budgets until the table, once loaded, gives its own (`RetryClock.adopt`)."""
+    return RetryPolicy.from_properties(options.table_properties).start(f"planning a write to {options.table}")
+
+
+def resolve_table(
+    options: WriteOptions, spark_schema: StructType, *, create: bool = True, clock: RetryClock | None = None
+) -> Table | None:
+    """The table `options` name, created when missing (`create`). `clock`: the planning's
+    (else one of its own)."""
+    clock = clock if clock is not None else planning_clock(options)
     config = loader.catalog_config(options)
     name = loader.describe(config)
     try:
-        catalog = retrying(lambda: loader.load(config), what="opening the catalog", catalog=name)
-        table = retrying(lambda: load_table(catalog, options.table), what=f"loading table {options.table}", catalog=name)
+        catalog = catalog_call(clock, lambda: loader.load(config), what="opening the catalog", catalog=name)
+        table = catalog_call(clock, lambda: load_table(catalog, options.table), what=f"loading table {options.table}", catalog=name)
         if table is None and create:
             _stream_history_check(options, name)
-            table = create_table(catalog, options, spark_schema, config)
+            table = create_table(catalog, options, spark_schema, config, clock)
     except OSError as exc:  # a REST catalog that stopped answering, a file permission, ...
         if isinstance(exc, PermissionError):
             raise loader.CatalogError(
@@ -429,6 +443,14 @@ def _pinned_plan(
 
 
 def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool) -> WritePlan:
+    """The plan of a write (see the module's docstring), as one operation of the retry
+    policy: every catalog call and file it reads or writes waits on its one clock."""
+    clock = planning_clock(options)
+    with clock.active():
+        return _plan_write(options, spark_schema, overwrite, clock)
+
+
+def _plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool, clock: RetryClock) -> WritePlan:
     # Validate everything that does not need the table first, so a bad option never
     # creates a table as a side effect.
     spark_schema, route_key = without_route(spark_schema)
@@ -439,7 +461,7 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
     _check_write_target(options, overwrite)
     probe = _new_table_schema(options, spark_schema)
     parse_partition_spec(options.partition_by, probe)
-    table = resolve_table(options, spark_schema, create=False)
+    table = resolve_table(options, spark_schema, create=False, clock=clock)
     _check_filter(options, table.schema() if table is not None else probe)
     created = table is None
     if table is not None:
@@ -449,7 +471,7 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
         check_planned_stream(options, table.metadata, overwrite=overwrite)
     else:
         _check_new_keyed_table(options)
-        table = resolve_table(options, spark_schema)
+        table = resolve_table(options, spark_schema, clock=clock)
     assert table is not None
     if table.metadata.format_version < 2:
         raise OptionError(
@@ -460,7 +482,7 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
         # The table's own properties too: one another engine set to a value lakesink cannot
         # use must fail here, not in every task.
         settings = TableSettings.for_write(table.metadata.properties, options.table_properties, table.metadata.location)
-        outage.set_budget(settings.outage_timeout_ms)  # the driver's planning and commit wait as long
+        clock.adopt(RetryPolicy.of(settings))  # the table's own budgets from here on
     except PropertyError as exc:
         raise OptionError(f"{exc} (table {options.table}); fix it with property.{exc.name}=...") from None
     keyed = _plan_keys(options, spark_schema, table, routed)
@@ -479,7 +501,7 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
     if evolution.changed:
         # Every check passed: only now is the evolved schema staged (its field ids reserved,
         # not visible to readers until the data commit makes it current).
-        staged = stage_evolution(table, _stored_columns(options, spark_schema), _key_columns(table, keyed))
+        staged = stage_evolution(table, _stored_columns(options, spark_schema), _key_columns(table, keyed), clock=clock)
         if staged is not None:
             table = staged.table
             sources = _column_sources(options, spark_schema, staged.schema)
@@ -487,7 +509,9 @@ def plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool)
     if new_spec is not None:
         # Likewise the new partition spec (its id and field ids taken, the default unchanged),
         # parsed again against the schema as staged.
-        staged_spec = stage_spec(table, parse_partition_spec(options.partition_by, staged.schema if staged else table.schema()))
+        staged_spec = stage_spec(
+            table, parse_partition_spec(options.partition_by, staged.schema if staged else table.schema()), clock=clock
+        )
         table, spec_id = staged_spec.table, staged_spec.spec.spec_id
     plan = _pinned_plan(
         table, options, uuid.uuid4().hex, overwrite=overwrite, sources=sources, keyed=keyed,
@@ -578,10 +602,10 @@ class RouteCheck:
     evolution: Evolution | None = None
 
 
-def find_table(options: WriteOptions) -> Table | None:
+def find_table(options: WriteOptions, clock: RetryClock | None = None) -> Table | None:
     """The table `options` name, None when it does not exist (catalog errors named, as a
-    write's own planning names them)."""
-    return resolve_table(options, StructType([]), create=False)
+    write's own planning names them). `clock`: the operation's (else one of its own)."""
+    return resolve_table(options, StructType([]), create=False, clock=clock)
 
 
 def check_table_route(
@@ -613,7 +637,7 @@ def check_table_route(
 
 def plan_table_route(
     options: WriteOptions, spark_schema: StructType, write_id: str, *, create: bool, checked: RouteCheck | None = None,
-    clustered: bool = False,
+    clustered: bool = False, clock: RetryClock | None = None,
 ) -> WritePlan:
     """The plan a task of a write routed to many tables (`table_column`) makes for one table
     it met: no driver plan names the tables before the tasks see the rows. A table that does
@@ -621,24 +645,26 @@ def plan_table_route(
     added to the table at once, the evolved schema made current (every task of the batch then
     writes with the one schema the catalog holds). A partition change is refused. `checked`:
     the table as `check_table_route` just found it (checked here when not given).
-    `clustered`: as `check_table_route` has it."""
+    `clustered`: as `check_table_route` has it. `clock`: the task's (else one of its own, the
+    table's planning being one operation)."""
+    clock = clock if clock is not None else planning_clock(options)
     if checked is None:
-        checked = check_table_route(options, spark_schema, find_table(options), create=create, clustered=clustered)
+        checked = check_table_route(options, spark_schema, find_table(options, clock), create=create, clustered=clustered)
     table = checked.table
     if table is not None and checked.evolution is not None and not checked.evolution.changed:
         sources = _column_sources(options, spark_schema, table.schema())
         return _pinned_plan(table, options, write_id, overwrite=False, sources=sources, keyed=checked.keyed)
     if table is None:
         config = loader.catalog_config(options)
-        catalog = retrying(lambda: loader.load(config), what="opening the catalog", catalog=loader.describe(config))
+        catalog = catalog_call(clock, lambda: loader.load(config), what="opening the catalog", catalog=loader.describe(config))
         # No checkpoint check (resolve_table's): a routed stream meets new tables as it runs.
-        table = create_table(catalog, options, spark_schema, config)
+        table = create_table(catalog, options, spark_schema, config, clock)
     keyed = _plan_keys(options, spark_schema, table, routed=clustered)
     evolution = _evolution(options, spark_schema, table, keyed)
     if evolution.changed:
-        staged = stage_evolution(table, _stored_columns(options, spark_schema), _key_columns(table, keyed), make_current=True)
+        staged = stage_evolution(table, _stored_columns(options, spark_schema), _key_columns(table, keyed), make_current=True, clock=clock)
         # None: another task of the batch added the columns first; its schema, current now, is ours.
-        table = staged.table if staged is not None else find_table(options) or table
+        table = staged.table if staged is not None else find_table(options, clock) or table
     if _check_layout_matches(options, table, table.schema()) is not None:
         raise OptionError(f"table {options.table}: a routed write cannot evolve a table's partitioning (evolve_partition)")
     sources = _column_sources(options, spark_schema, table.schema())

@@ -16,9 +16,7 @@ layout).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
-from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
@@ -26,10 +24,10 @@ from pyiceberg.table.update import AddPartitionSpecUpdate, AssertLastAssignedPar
 from pyiceberg.transforms import BucketTransform, TruncateTransform
 
 from lakesink_datasource.catalog import sql_commit
-from lakesink_datasource.catalog.transient import retrying
+from lakesink_datasource.iceberg.retry import RetryClock
 from lakesink_datasource.table.partition_spec import same_layout
+from lakesink_datasource.table.schema_staging import StagingRaced, staging_spent
 
-_ATTEMPTS = 10
 _FIRST_PARTITION_FIELD_ID = 1000
 
 
@@ -78,33 +76,39 @@ def assign_field_ids(metadata: TableMetadata, wanted: PartitionSpec) -> Partitio
     return PartitionSpec(*fields, spec_id=spec_id)
 
 
-def stage_spec(table: Table, wanted: PartitionSpec) -> StagedSpec:
+def stage_spec(table: Table, wanted: PartitionSpec, *, clock: RetryClock) -> StagedSpec:
     """Make sure the table has a spec laid out like `wanted` (adding it, not as the default,
-    when it has none) and return it."""
-    for _ in range(_ATTEMPTS):
+    when it has none) and return it. `clock`: the planning's: after a race or a lost answer
+    the table is read again, and a spec laid out like `wanted` there (this staging's, landed
+    after all, or another writer's) is the one."""
+    identifier = ".".join(table.name())
+    what = f"staging the new partition spec of {identifier}"
+    catalog = table.catalog
+    scope = clock.scoped(what)
+    spent = staging_spent(what, f"catalog {catalog.name!r}")
+    while True:
         metadata = table.metadata
         reuse = existing_spec(metadata, wanted)
         if reuse is not None:
             return StagedSpec(table, reuse, metadata.default_spec_id)
         spec = assign_field_ids(metadata, wanted)
+        attempt = scope.begin()
         try:
-            response = retrying(
-                partial(
-                    sql_commit.commit,
-                    table,
-                    # Another writer adding a spec (or partition field) meanwhile moves last-partition-id.
-                    requirements=(AssertLastAssignedPartitionId(last_assigned_partition_id=metadata.last_partition_id),),
-                    updates=(AddPartitionSpecUpdate(spec=spec),),
-                ),
-                what=f"staging the new partition spec of {'.'.join(table.name())}", catalog=f"catalog {table.catalog.name!r}",
+            response = sql_commit.commit(
+                table,
+                # Another writer adding a spec (or partition field) meanwhile moves last-partition-id.
+                requirements=(AssertLastAssignedPartitionId(last_assigned_partition_id=metadata.last_partition_id),),
+                updates=(AddPartitionSpecUpdate(spec=spec),),
             )
-        except CommitFailedException:
-            table = sql_commit.load_table(table.catalog, ".".join(table.name()))
+        except Exception as exc:  # noqa: BLE001 - the policy raises what it does not retry
+            scope.failed(exc, attempt, doing=what, changes_table=True, exhausted=spent)
+            # Decided again on the table as it is now (the loop's first step finds a spec
+            # this staging landed although its answer was lost).
+            table = scope.run(lambda: sql_commit.load_table(catalog, identifier), doing=f"{what}, reading the table", exhausted=spent)
             continue
         staged = Table(table.name(), metadata=response.metadata, metadata_location=response.metadata_location, io=table.io, catalog=table.catalog)
         # As the catalog stored it: a REST catalog may assign the spec id itself.
         stored = existing_spec(response.metadata, wanted)
         if stored is None:
-            raise CommitFailedException(f"the catalog did not keep the new partition spec of {'.'.join(table.name())}")
+            raise StagingRaced(f"the catalog did not keep the new partition spec of {identifier}")
         return StagedSpec(staged, stored, metadata.default_spec_id)
-    raise CommitFailedException(f"could not stage the new partition spec of {'.'.join(table.name())}: other writers kept changing it")

@@ -23,7 +23,6 @@ from pyiceberg.table.metadata import TableMetadata
 
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.faults import fault_point
-from lakesink_datasource.iceberg import outage
 from lakesink_datasource.iceberg.locations import DataLocations
 from lakesink_datasource.iceberg.partition_key import PartitionKey, partition_path
 from lakesink_datasource.iceberg.properties import TableSettings, effective_properties
@@ -34,7 +33,7 @@ from lakesink_datasource.io.row_order import RowOrder
 from lakesink_datasource.messages import CompactionMessage, LakeSinkCommitMessage, TaskResult, TaskStats
 from lakesink_datasource.schema.arrow_align import BatchAligner, table_arrow_schema
 from lakesink_datasource.table import idempotency, metadata_cache
-from lakesink_datasource.table.plan import WritePlan, write_schema, write_spec
+from lakesink_datasource.table.plan import WritePlan, retry_clock, write_schema, write_spec
 from lakesink_datasource.write.changes import KeyedInputError
 
 if TYPE_CHECKING:
@@ -157,6 +156,17 @@ def _check_rows_match(row_filter: RowFilter, batch: pa.Table | pa.RecordBatch) -
 def write_task(
     plan: WritePlan, batches: Iterator[pa.RecordBatch], who: TaskIdentity | None = None
 ) -> LakeSinkCommitMessage:
+    """One task's rows into data files, and its commit message. The task is one operation of
+    the retry policy (iceberg/retry.py): every file it reads or writes waits for a store
+    that is away on one clock, with the table's budgets as planned and the write's own
+    `property.<key>` options."""
+    with retry_clock(plan, "a write task").active():
+        return _write_task(plan, batches, who)
+
+
+def _write_task(
+    plan: WritePlan, batches: Iterator[pa.RecordBatch], who: TaskIdentity | None = None
+) -> LakeSinkCommitMessage:
     task_started = time.perf_counter()
     batches = timed = _Timed(iter(batches))
     who = who or TaskIdentity.from_spark()
@@ -213,7 +223,6 @@ def write_task(
     # The write's own property.<key> options apply to what it writes: they land with it.
     properties = effective_properties(metadata.properties, plan.options.table_properties)
     settings = TableSettings.of(properties, metadata.location)
-    outage.set_budget(settings.outage_timeout_ms)  # how long this task waits for a store that is away
     writer = PartitionedParquetWriter.for_table(
         settings,
         io=data_io,

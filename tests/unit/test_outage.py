@@ -1,11 +1,12 @@
-"""What counts as an object store that is away, and the outage budget's end."""
+"""What counts as an object store that is away (the budget is the retry policy's:
+tests/unit/test_retry_policy.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from lakesink_datasource.iceberg import outage
-from lakesink_datasource.iceberg.outage import OUTAGE_TIMEOUT_MS, StoreUnavailable, is_transient_io, with_retries
+from lakesink_datasource.iceberg.outage import is_transient_io
+from lakesink_datasource.iceberg.retry import current, store_unavailable
 
 AWAY = OSError("When reading information for key 'a/b.json' in bucket 'plain': AWS Error NETWORK_CONNECTION during HeadObject "
                "operation: curlCode: 7, Couldn't connect to server")
@@ -28,29 +29,9 @@ def test_only_errors_that_pass_by_themselves_are_waited_for(error: BaseException
     assert is_transient_io(error) is transient
 
 
-def test_a_store_that_comes_back_within_the_budget_is_waited_for(capsys: pytest.CaptureFixture[str]) -> None:
-    failures = [AWAY, AWAY]
-
-    def call() -> str:
-        if failures:
-            raise failures.pop()
-        return "read"
-
-    assert with_retries(call, "opening s3://plain/a/b.json") == "read"
-    assert "opening s3://plain/a/b.json failed" in capsys.readouterr().err  # it said what it waits for
-
-
-def test_past_the_budget_the_error_names_what_failed_and_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(outage, "_budget_ms", 0)
-
-    def call() -> None:
-        raise AWAY
-
-    with pytest.raises(StoreUnavailable, match=rf"opening s3://plain/a/b\.json kept failing .* outage budget of 0 s.*{OUTAGE_TIMEOUT_MS}"):
-        with_retries(call, "opening s3://plain/a/b.json")
-
-
 def test_an_error_that_will_not_pass_is_raised_at_once() -> None:
+    """Through the FileIO's own retries (iceberg/file_io.py), outside any operation: a
+    missing object is no outage."""
     calls = []
 
     def call() -> None:
@@ -58,5 +39,5 @@ def test_an_error_that_will_not_pass_is_raised_at_once() -> None:
         raise FileNotFoundError("s3://plain/missing.parquet")
 
     with pytest.raises(FileNotFoundError):
-        with_retries(call, "opening s3://plain/missing.parquet")
+        current({}, "opening s3://plain/missing.parquet").run(call, doing="opening s3://plain/missing.parquet", exhausted=store_unavailable)
     assert calls == [1]

@@ -17,7 +17,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from lakesink_datasource.catalog import loader
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.table.location_guard import metadata_files
-from lakesink_datasource.table.setup import create_table
+from lakesink_datasource.table.setup import create_table, planning_clock
 
 WRITERS = 6
 SCHEMA = StructType([StructField("id", LongType(), False), StructField("name", StringType())])
@@ -33,7 +33,7 @@ def test_writers_creating_one_table_at_once_all_get_the_winner_and_no_stray_meta
     def create(_: int) -> str:
         catalog = loader.load(config)
         start.wait()
-        return str(create_table(catalog, options, SCHEMA, config).metadata.table_uuid)
+        return str(create_table(catalog, options, SCHEMA, config, planning_clock(options)).metadata.table_uuid)
 
     with ThreadPoolExecutor(WRITERS) as pool:
         uuids = set(pool.map(create, range(WRITERS)))
