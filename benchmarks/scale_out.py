@@ -226,7 +226,7 @@ def _phase(root: Path, warehouse: Path, rows: int, workers: int, reps: int, batc
         _wait_for_executors(spark, workers)
         checkpoint = source.folder.parent / "checkpoint-routed"  # one query across the set-ups, restarted on each
         source.add(spark, reps + 1)
-        batches = _stream(spark, source, checkpoint, warehouse, routed=True)
+        batches = _stream(spark, source, checkpoint, warehouse, clustered=True)
         annotate(warehouse, batches, cluster.homes)
         out["warmup"], out["steady"] = batches[0], batches[1:]
         out["moves"] = moves(batches)

@@ -141,17 +141,17 @@ class LakeSinkDataSource(DataSource):
     @without_traceback
     def streamWriter(
         self, schema: StructType, overwrite: bool
-    ) -> LakeSinkStreamWriter | RoutedStreamWriter | TablesStreamWriter | ClusteredTablesStreamWriter:
-        from lakesink_datasource.key_routing import routed_stream
+    ) -> LakeSinkStreamWriter | ClusteredStreamWriter | TablesStreamWriter | ClusteredTablesStreamWriter:
+        from lakesink_datasource.key_routing import clustered_stream
         from lakesink_datasource.options import OptionError, parse_options
         from lakesink_datasource.routing.route_options import is_routed, parse_routing
         from lakesink_datasource.routing.route_plan import RoutedWrite, plan_routed_write
 
-        routed = routed_stream(schema, self.options)
-        if routed is not None and routed.tables:
+        clustered = clustered_stream(schema, self.options)
+        if clustered is not None and clustered.tables:
             # cluster_by_key's stateful operator wrote each shard of the tables its rows named.
             settle_imports()
-            return ClusteredTablesStreamWriter(RoutedWrite(options=parse_routing(routed.options), write_id=""))
+            return ClusteredTablesStreamWriter(RoutedWrite(options=parse_routing(clustered.options), write_id=""))
         if is_routed(self.options):
             # Rows routed to many tables (table_column): the tasks plan the tables they meet.
             settle_imports()
@@ -162,10 +162,10 @@ class LakeSinkDataSource(DataSource):
                     "default) or 'append', and empty the tables yourself before starting a new checkpoint"
                 )
             return TablesStreamWriter(plan_routed_write(self.options, schema, overwrite), schema)
-        if routed is not None:
+        if clustered is not None:
             # cluster_by_key's stateful operator writes the rows; this sink plans the batch
             # (creating the table, refusing bad input, before any task runs) and commits.
-            return RoutedStreamWriter(_stream_plan(parse_options(routed.options), routed.data_schema, overwrite))
+            return ClusteredStreamWriter(_stream_plan(parse_options(clustered.options), clustered.data_schema, overwrite))
         options = parse_options(self.options)
         if options.txn_app_id is not None:
             raise OptionError(
@@ -323,9 +323,10 @@ class LakeSinkBatchWriter(DataSourceArrowWriter):
         _abort(self.plan, messages, batch_id=None)
 
 
-class RoutedStreamWriter(DataSourceStreamArrowWriter):
-    """The sink of a routed stream: its tasks pass on the commit messages of the keyed
-    writes cluster_by_key's operator ran; the commit is every other stream's."""
+class ClusteredStreamWriter(DataSourceStreamArrowWriter):
+    """The sink of a stream cluster_by_key clustered by key shard: its tasks pass on the
+    commit messages of the keyed writes cluster_by_key's operator ran; the commit is every
+    other stream's."""
 
     def __init__(self, plan: WritePlan):
         self.plan = plan
@@ -448,7 +449,11 @@ class ClusteredTablesStreamWriter(DataSourceStreamArrowWriter):
             for kind, count in shard.skipped.items():
                 skipped[kind] = skipped.get(kind, 0) + count
         tables = [(i, plan, result) for shard in shards for i, plan, result in shard.tables]
-        return RoutedTablesMessage(tables, skipped, sorted({t for shard in shards for t in shard.change_logs}))
+        truncates: dict[str, bytes] = {}
+        for shard in shards:
+            for name, position in shard.truncates.items():
+                truncates[name] = max(position, truncates.get(name, position))
+        return RoutedTablesMessage(tables, skipped, sorted({t for shard in shards for t in shard.change_logs}), truncates)
 
     @without_traceback
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

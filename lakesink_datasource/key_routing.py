@@ -47,7 +47,7 @@ from lakesink_datasource.schema.spark_types import SchemaError
 from lakesink_datasource.table.setup import write_layout
 from lakesink_datasource.write.routed_rows import RowCodec
 
-__all__ = ["RESULT_COLUMN", "RoutedStream", "cluster_by_key", "key_text_column", "routed_stream"]
+__all__ = ["RESULT_COLUMN", "ClusteredStream", "cluster_by_key", "clustered_stream", "key_text_column"]
 
 # The one column a routed stream hands the sink: a keyed write's commit message per shard.
 RESULT_COLUMN = "__lakesink_task_result"
@@ -401,14 +401,14 @@ class _ShardWriter:
         import pandas as pd
         from pyspark.sql.types import StructType
 
-        from lakesink_datasource.table.setup import plan_routed_task
+        from lakesink_datasource.table.setup import plan_clustered_task
         from lakesink_datasource.worker_gc import settle_imports
         from lakesink_datasource.write.task import write_task
 
         settle_imports()
         schema = StructType.fromJson(json.loads(self.data_schema))
         codec = RowCodec(schema)
-        plan = plan_routed_task(parse_options(self.raw), schema, _execution_write_id())
+        plan = plan_clustered_task(parse_options(self.raw), schema, _execution_write_id())
         message = write_task(plan, (codec.decode(frame) for frame in frames))
         yield pd.DataFrame({RESULT_COLUMN: [message.payload]})
 
@@ -430,7 +430,7 @@ class _TablesShardWriter(_ShardWriter):
         codec = RowCodec(StructType.fromJson(json.loads(self.data_schema)))
         write = RoutedWrite(options=parse_routing(self.raw), write_id=_execution_write_id())
         message = write_routed_task(write, (codec.decode(frame) for frame in frames))
-        shard = ShardTables(message.tables, message.skipped, message.change_logs)
+        shard = ShardTables(message.tables, message.skipped, message.change_logs, message.truncates)
         yield pd.DataFrame({RESULT_COLUMN: [msgspec.msgpack.encode(shard)]})
 
 
@@ -441,6 +441,7 @@ class ShardTables(msgspec.Struct, array_like=True):
     tables: list[tuple[str, bytes, bytes]]
     skipped: dict[str, int] = {}
     change_logs: list[str] = []
+    truncates: dict[str, bytes] = {}
 
 
 def _execution_write_id() -> str:
@@ -465,7 +466,7 @@ def _execution_write_id() -> str:
 
 
 @dataclass(frozen=True)
-class RoutedStream:
+class ClusteredStream:
     """What the sink of a routed stream plans with: the options cluster_by_key got (with
     commit-only options the sink adds) and the schema of the rows the tasks wrote."""
 
@@ -475,7 +476,7 @@ class RoutedStream:
     tables: bool = False  # routed to many tables (table_column): the tasks' messages name them
 
 
-def routed_stream(schema: Any, sink_options: Mapping[str, str]) -> RoutedStream | None:
+def clustered_stream(schema: Any, sink_options: Mapping[str, str]) -> ClusteredStream | None:
     """The routed stream behind a sink's input schema, or None when it is not one. Options
     given to the sink too must agree with cluster_by_key's (its tasks wrote with those)."""
     from pyspark.sql.types import StructType
@@ -500,10 +501,10 @@ def routed_stream(schema: Any, sink_options: Mapping[str, str]) -> RoutedStream 
             "tasks wrote with: give them to cluster_by_key only (the sink may add maintenance, progress, "
             "snapshot_property.* and checkpointLocation)"
         )
-    return RoutedStream(merged, StructType.fromJson(json.loads(spec["schema"])), int(spec["shards"]))
+    return ClusteredStream(merged, StructType.fromJson(json.loads(spec["schema"])), int(spec["shards"]))
 
 
-def _routed_tables(spec: Mapping[str, Any], sink_options: Mapping[str, str]) -> RoutedStream:
+def _routed_tables(spec: Mapping[str, Any], sink_options: Mapping[str, str]) -> ClusteredStream:
     """A stream cluster_by_key routed to many tables: its tasks planned every table with
     cluster_by_key's options, so the sink takes none but Spark's own (checkpointLocation)."""
     from pyspark.sql.types import StructType
@@ -517,4 +518,4 @@ def _routed_tables(spec: Mapping[str, Any], sink_options: Mapping[str, str]) -> 
             f"option(s) {', '.join(differing)} given to writeStream differ from cluster_by_key's: a stream routed to many "
             "tables is written with the options given to cluster_by_key; give them there"
         )
-    return RoutedStream(dict(spec["options"]), StructType.fromJson(json.loads(spec["schema"])), int(spec["shards"]), tables=True)
+    return ClusteredStream(dict(spec["options"]), StructType.fromJson(json.loads(spec["schema"])), int(spec["shards"]), tables=True)

@@ -126,12 +126,13 @@ class TaskResult(msgspec.Struct, frozen=True):
     truncated_at: bytes | None = None
 
     def written_files(self) -> list[str]:
-        """Every file this attempt wrote for the commit to reference: data files, the files of
-        deleted keys, and a carried compaction's output. A write that does not land leaves
-        them unreferenced."""
-        compacted = [m.path for m in self.compaction.files] if self.compaction is not None else []
-        kept = [path for path in (self.tombstones, self.deleted_keys) if path]
-        return [*(m.path for m in self.data_files), *kept, *compacted]
+        """The files this attempt wrote for the batch's commit to reference: data files and the
+        files of deleted keys. A write that does not land leaves them unreferenced."""
+        return [*(m.path for m in self.data_files), *(path for path in (self.tombstones, self.deleted_keys) if path)]
+
+    def compacted_files(self) -> list[str]:
+        """The output of the compaction this attempt carried (it may land without the batch)."""
+        return [m.path for m in self.compaction.files] if self.compaction is not None else []
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -162,11 +163,13 @@ class RoutedCommitMessage(WriterCommitMessage):
 class RoutedTablesMessage(WriterCommitMessage):
     """A task of a write routed to many tables (`table_column`, `cdc_format`): per table it
     wrote, that table's identifier, the plan the task made for it (pickled) and its task
-    result; with cdc_format, the records it skipped by kind and the tables kept as change logs."""
+    result; with cdc_format, the records it skipped by kind, the tables kept as change logs and
+    the truncates of tables that did not exist when it looked (their newest position)."""
 
     tables: list[tuple[str, bytes, bytes]]
     skipped: dict[str, int] = field(default_factory=dict)
     change_logs: list[str] = field(default_factory=list)
+    truncates: dict[str, bytes] = field(default_factory=dict)
 
 
 def decode_messages(messages: list[WriterCommitMessage | None]) -> list[TaskResult]:

@@ -198,9 +198,11 @@ def _refuse_keys_across_a_rebuilt_index(results: list[TaskResult]) -> None:
                 )
 
 
-def _truncated_at(results: list[TaskResult]) -> bytes | None:
-    """The newest truncate the batch's tasks met (cdc_format=debezium)."""
-    return max((r.truncated_at for r in results if r.truncated_at is not None), default=None)
+def _truncated_at(plan: WritePlan, results: list[TaskResult]) -> bytes | None:
+    """The newest truncate the batch's tasks met (cdc_format=debezium): in their results, or in
+    the plan (a truncate a task met before another task of the batch created the table)."""
+    met = [r.truncated_at for r in results if r.truncated_at is not None]
+    return max([*met, *([plan.truncated_at] if plan.truncated_at is not None else [])], default=None)
 
 
 def _pending_properties(
@@ -246,7 +248,7 @@ def overwrite_mode(plan: WritePlan, results: list[TaskResult], batch_id: int | N
 
 
 def _overwrite_scope(plan: WritePlan, results: list[TaskResult], batch_id: int | None) -> OverwriteScope | None:
-    truncated = _truncated_at(results)
+    truncated = _truncated_at(plan, results)
     if truncated is not None and plan.keyed is not None and plan.keyed.table_sequence_columns:
         return OverwriteScope("before", sequence=plan.keyed.table_sequence_columns, position=truncated)
     if not plan.overwrite:
@@ -419,7 +421,7 @@ def commit_write(
     deleted_keys = sorted(r.deleted_keys for r in results if r.deleted_keys)
     if deleted_keys:
         extra[keys.DELETED_KEYS] = ",".join(deleted_keys)
-    truncated = _truncated_at(results)
+    truncated = _truncated_at(plan, results)
     if truncated is not None:
         extra[keys.TRUNCATED] = truncated.hex()
     if plan.keyed is not None:
@@ -600,10 +602,7 @@ def abort_write(plan: WritePlan, results: list[TaskResult], batch_id: int | None
         return []
     query_id = next((r.query_id for r in results if r.query_id is not None), None)
     clock = retry_clock(plan, f"aborting batch {batch_id} of {plan.identifier}")
-    files = [
-        path for r in results
-        for path in [*(m.path for m in r.data_files), *([r.tombstones] if r.tombstones else []), *([r.deleted_keys] if r.deleted_keys else [])]
-    ]
+    files = [path for r in results for path in r.written_files()]
     try:
         with clock.active():
             catalog = catalog_call(clock, lambda: loader.load(plan.catalog), what="opening the catalog", catalog=loader.describe(plan.catalog))
@@ -621,7 +620,7 @@ def abort_write(plan: WritePlan, results: list[TaskResult], batch_id: int | None
     ):
         log.warning("lakesink: abort of batch %s ignored: it is already committed", batch_id)
         return []
-    compacted = [m.path for r in results if r.compaction is not None for m in r.compaction.files]
+    compacted = [path for r in results for path in r.compacted_files()]
     if compacted:
         # A compaction the tasks carried lands before the batch's snapshot: it may have
         # landed although the batch did not; its files stay if the table has them.

@@ -88,6 +88,10 @@ def replaced_by(
     io: FileIO, base: TableMetadata, parent: Snapshot | None, scope: OverwriteScope, added: Iterable[DataFile]
 ) -> Replaced:
     out = Replaced(scope)
+    if scope.kind == "before":
+        # A table's first snapshot too: other tasks' rows of this batch ordered before a
+        # truncate go (a table created by the batch that truncates it).
+        return _before(io, parent, scope, added, out)
     if parent is None:
         return out
     specs = base.specs()
@@ -96,8 +100,6 @@ def replaced_by(
         out.partitions = {_partition_of(f) for f in added}
         if not out.partitions:
             return out  # an empty dynamic overwrite replaces nothing
-    if scope.kind == "before":
-        return _before(io, parent, scope, added, out)
     row_filter = parse_filter(scope.filter_text or "", base.schema()) if scope.kind == "filter" else None
     placers: dict[int, Callable[[DataFile], Placement]] = {}
     for entry in live_data_files(io, parent):
@@ -122,9 +124,10 @@ def replaced_by(
     return out
 
 
-def _before(io: FileIO, parent: Snapshot, scope: OverwriteScope, added: Iterable[DataFile], out: Replaced) -> Replaced:
+def _before(io: FileIO, parent: Snapshot | None, scope: OverwriteScope, added: Iterable[DataFile], out: Replaced) -> Replaced:
     """Every live row, and every row of the batch's own files, ordered before the position."""
-    for f, own in [*((e.data_file, False) for e in live_data_files(io, parent)), *((f, True) for f in added)]:
+    live = live_data_files(io, parent) if parent is not None else []
+    for f, own in [*((e.data_file, False) for e in live), *((f, True) for f in added)]:
         with io.new_input(f.file_path).open() as stream:
             columns = pq.read_table(stream, columns=list(scope.sequence))
         if columns.num_rows == 0:

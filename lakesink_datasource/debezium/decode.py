@@ -84,6 +84,9 @@ class DecodedTable:
 class Decoded:
     tables: list[DecodedTable] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
+    # Truncates of tables that did not exist when the task looked, by table: their newest
+    # position. Another task of the batch may create the table; the commit applies them then.
+    truncates: dict[str, bytes] = field(default_factory=dict)
 
 
 # The Arrow schema a table already has (None: it does not exist): a row read without
@@ -209,7 +212,7 @@ def decode(records: pa.Table, options: DebeziumOptions, table_schema: TableSchem
         if decoded is not None:
             out.tables.append(decoded)
         else:
-            skipped[UNWRITTEN_TRUNCATES] = skipped.get(UNWRITTEN_TRUNCATES, 0) + sum(len(p.indices) for p in parts[identifier])
+            out.truncates[identifier] = max(max(encode_position(p.position)) for p in parts[identifier])
     return out
 
 
@@ -574,7 +577,7 @@ def _table(
             "every event of a table with a primary key. Nothing was written"
         )
     if not changes.any() and existing is None:
-        return None  # a truncate of a table never written: nothing to empty
+        return None  # only truncates of a table not written yet: the commit decides (Decoded.truncates)
     # Keyed: its events carry keys, or (a batch with only a truncate of it) the table is no change log.
     keyed = bool(with_key.any()) if changes.any() else OP_COLUMN not in existing.names  # type: ignore[union-attr]
     rows = part.rows

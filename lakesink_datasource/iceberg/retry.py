@@ -58,6 +58,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.outage import DEFAULT_OUTAGE_MS, OUTAGE_TIMEOUT_MS, is_transient_io
 from lakesink_datasource.iceberg.properties import (
     COMMIT_MAX_RETRY_WAIT_MS,
@@ -94,8 +95,9 @@ class RetriesSpent(Exception):
     """Raised once a retry budget was spent: no layer above waits for it again."""
 
 
-class StoreUnavailable(OSError, RetriesSpent):
-    """The object store kept failing past the outage budget."""
+class StoreUnavailable(LakesinkError, OSError, RetriesSpent):
+    """The object store kept failing past the outage budget. A LakesinkError (its message
+    names the budget's property) and still an OSError, as pyiceberg's FileIO callers expect."""
 
 
 class Busy(Exception):

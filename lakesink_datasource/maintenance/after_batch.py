@@ -42,7 +42,7 @@ def carried_by_tasks(plan: WritePlan) -> bool:
     run on another planning call's plan than its tasks did."""
     return (
         plan.options.maintenance == "auto" and plan.options.branch is None and not plan.overwrite
-        and not (plan.keyed is not None and plan.keyed.routed)
+        and not (plan.keyed is not None and plan.keyed.clustered)
         and plan.write_schema_json is None and plan.write_spec_id is None
     )
 

@@ -26,6 +26,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 from lakesink_datasource.catalog import loader
 from lakesink_datasource.catalog.table_transaction import TableTransaction, TransactionAborted, supports_transactions
 from lakesink_datasource.catalog.transient import catalog_call
+from lakesink_datasource.debezium.decode import UNWRITTEN_TRUNCATES
 from lakesink_datasource.messages import LakeSinkCommitMessage, RoutedTablesMessage
 from lakesink_datasource.table.plan import WritePlan, retry_clock
 
@@ -41,7 +42,9 @@ Tables = dict[str, tuple[WritePlan, list[WriterCommitMessage | None]]]
 
 
 def by_table(messages: list[WriterCommitMessage | None]) -> Tables:
-    """Each table's plan (the first task's: every task's names the same write) and messages."""
+    """Each table's plan (the first task's: every task's names the same write) and messages.
+    A truncate one task met before the table existed applies to the table another task of
+    the batch created (cdc_format=debezium): it goes into that table's plan."""
     tables: Tables = {}
     for message in messages:
         if not isinstance(message, RoutedTablesMessage):
@@ -53,7 +56,21 @@ def by_table(messages: list[WriterCommitMessage | None]) -> Tables:
                 quiet = msgspec.structs.replace(decoded, options=msgspec.structs.replace(decoded.options, progress=False))
                 tables[identifier] = (quiet, [])
             tables[identifier][1].append(LakeSinkCommitMessage(payload))
+    for identifier, position in _unwritten_truncates(messages).items():
+        if identifier in tables:
+            table_plan, table_messages = tables[identifier]
+            newest = max(position, table_plan.truncated_at or position)
+            tables[identifier] = (msgspec.structs.replace(table_plan, truncated_at=newest), table_messages)
     return tables
+
+
+def _unwritten_truncates(messages: list[WriterCommitMessage | None]) -> dict[str, bytes]:
+    truncates: dict[str, bytes] = {}
+    for message in messages:
+        if isinstance(message, RoutedTablesMessage):
+            for identifier, position in message.truncates.items():
+                truncates[identifier] = max(position, truncates.get(identifier, position))
+    return truncates
 
 
 def commit_routed(
@@ -104,9 +121,13 @@ def _notes(messages: list[WriterCommitMessage | None], tables: Tables) -> str:
                 skipped[kind] = skipped.get(kind, 0) + count
             logs.update(m.change_logs)
     truncated = sorted(
-        name for name, (_, table_messages) in tables.items()
-        if any(isinstance(m, LakeSinkCommitMessage) and m.result().truncated_at is not None for m in table_messages)
+        name for name, (plan, table_messages) in tables.items()
+        if plan.truncated_at is not None
+        or any(isinstance(m, LakeSinkCommitMessage) and m.result().truncated_at is not None for m in table_messages)
     )
+    unwritten = sorted(set(_unwritten_truncates(messages)) - set(tables))
+    if unwritten:
+        skipped[UNWRITTEN_TRUNCATES] = len(unwritten)
     notes = []
     if skipped:
         notes.append("skipped " + ", ".join(f"{count:,} {kind}" for kind, count in sorted(skipped.items())))

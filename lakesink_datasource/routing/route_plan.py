@@ -2,7 +2,7 @@
 
 The tables a batch touches are only known once its rows are read, so the driver checks the
 options and the DataFrame's columns and names the write; each task plans the tables it meets
-(`table.setup.plan_table_route`).
+(`table.setup.plan_routed_table`).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from lakesink_datasource.schema.arrow_align import table_arrow_schema
 from lakesink_datasource.schema.spark_types import SchemaError
 from lakesink_datasource.table import metadata_cache
 from lakesink_datasource.table.plan import WritePlan
-from lakesink_datasource.table.setup import RouteCheck, check_table_route, find_table, plan_table_route
+from lakesink_datasource.table.setup import RoutedTableCheck, check_routed_table, find_table, plan_routed_table
 from lakesink_datasource.write.task import TaskIdentity, write_task
 
 log = logging.getLogger("lakesink")
@@ -55,7 +55,7 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
     done: list[tuple[WritePlan, LakeSinkCommitMessage]] = []
     try:
         for identifier, (options, rows, checked, truncated_at, clustered) in incoming.items():
-            plan = plan_table_route(
+            plan = plan_routed_table(
                 options, _table_columns(rows), write.table_write_id(identifier), create=write.options.create_tables,
                 checked=checked, clustered=clustered,
             )
@@ -72,12 +72,12 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
     except BaseException:
         _abandon(done)
         raise
-    return RoutedTablesMessage(written, notes.skipped, notes.change_logs)
+    return RoutedTablesMessage(written, notes.skipped, notes.change_logs, notes.truncates)
 
 
 # A table's options, rows, check, the truncate its rows end with (cdc_format=debezium), and
 # whether its rows carry cluster_by_key's route (a keyed table's task then holds one key shard).
-Incoming = dict[str, tuple[WriteOptions, pa.Table, RouteCheck, bytes | None, bool]]
+Incoming = dict[str, tuple[WriteOptions, pa.Table, RoutedTableCheck, bytes | None, bool]]
 
 
 def _routed_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> Incoming:
@@ -101,7 +101,7 @@ def _routed_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> Inc
         table = find_table(options)
         stored = table_arrow_schema(table.schema()) if table is not None else None
         rows = table_rows(received, write.options, stored if write.options.payload_column else None)
-        checked = check_table_route(options, _table_columns(rows), table, create=write.options.create_tables, clustered=clustered)
+        checked = check_routed_table(options, _table_columns(rows), table, create=write.options.create_tables, clustered=clustered)
         key = checked.keyed.table_key_columns if checked.keyed is not None else options.primary_key  # a new table's: its option's
         if clustered and key and options.operation in KEYED_OPERATIONS:
             _check_clustered_keys(identifier, rows, key, stored)
@@ -114,6 +114,7 @@ class TaskNotes(msgspec.Struct):
 
     skipped: dict[str, int] = {}  # records that change no table, by kind
     change_logs: list[str] = []  # tables kept as change logs (no key at the source)
+    truncates: dict[str, bytes] = {}  # truncates of tables that did not exist yet: their newest position
 
 
 def _debezium_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> tuple[Incoming, TaskNotes]:
@@ -136,7 +137,7 @@ def _debezium_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> t
 
     decoded = decode(records, debezium, schema_of) if records is not None else Decoded()
     incoming: Incoming = {}
-    notes = TaskNotes(skipped=decoded.skipped)
+    notes = TaskNotes(skipped=decoded.skipped, truncates=decoded.truncates)
     for part in decoded.tables:
         table = found(part.identifier)
         keyed = part.keyed
@@ -155,7 +156,7 @@ def _debezium_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> t
         rows = part.rows if keyed or ROUTE_COLUMN not in part.rows.column_names else part.rows.drop_columns([ROUTE_COLUMN])
         clustered = ROUTE_COLUMN in rows.column_names
         try:
-            checked = check_table_route(options, _table_columns(rows), table, create=write.options.create_tables, clustered=clustered)
+            checked = check_routed_table(options, _table_columns(rows), table, create=write.options.create_tables, clustered=clustered)
         except SchemaError as exc:
             hint = (
                 ". Iceberg cannot change a decimal's scale: the source column's scale changed, so give its events a table of "
@@ -256,7 +257,9 @@ def _abandon(done: list[tuple[WritePlan, LakeSinkCommitMessage]]) -> None:
     task's, when the next batch finds their attempt was not committed."""
     for plan, message in done:
         io = None
-        for path in message.result().written_files():
+        result = message.result()
+        # The task's result never reaches the driver, so a compaction it carried cannot land either.
+        for path in [*result.written_files(), *result.compacted_files()]:
             try:
                 if io is None:
                     io = metadata_cache.file_io(plan.io_properties, plan.metadata_location)

@@ -40,7 +40,7 @@ class KeyedPlan(msgspec.Struct, frozen=True, kw_only=True):
     table_sequence_columns: tuple[str, ...]  # (): the sequence is not stored in the table (all of its columns)
     # The rows carry cluster_by_key's route column: each task holds one key shard and opens
     # its host's index of that shard only (index/key_route.py).
-    routed: bool = False
+    clustered: bool = False
     history: HistoryPlan | None = None  # history=true: every version of each key is kept
 
 

@@ -243,11 +243,12 @@ def _find(struct: StructType, name: str) -> str | None:
     return next((f.name for f in struct.fields if f.name.lower() == name.lower()), None)
 
 
-def _check_layout_matches(options: WriteOptions, table: Table, schema: Schema) -> PartitionSpec | None:
+def _check_layout_matches(options: WriteOptions, table: Table, schema: Schema, fixed_by: str | None = None) -> PartitionSpec | None:
     """`partition_by` and `format_version` describe the table a write creates; on an existing
     table they must agree with it rather than be silently ignored. With `evolve_partition` a
     different `partition_by` is the spec to evolve to: returned (parsed against `schema`, the
-    schema the write will have), else None."""
+    schema the write will have), else None. `fixed_by`: the kind of write whose tasks plan
+    each table themselves, which can never evolve a partitioning (named in the refusal)."""
     if options.format_version is not None and options.format_version != table.metadata.format_version:
         raise OptionError(
             f"option 'format_version' = {options.format_version} differs from table {options.table}, which is format "
@@ -267,6 +268,12 @@ def _check_layout_matches(options: WriteOptions, table: Table, schema: Schema) -
     wanted = parse_partition_spec(options.partition_by, schema)
     if same_layout(wanted, table.spec()):
         return None
+    if fixed_by is not None:
+        raise OptionError(
+            f"table {options.table}: {fixed_by} cannot evolve the table's partitioning (option 'partition_by' = "
+            f"{options.partition_by!r}, the table's is {describe_spec(table.spec(), table.schema())}); leave partition_by "
+            "out, or evolve the table with one plain write of its own first (evolve_partition=true)"
+        )
     if not options.evolve_partition:
         raise OptionError(
             f"option 'partition_by' = {options.partition_by!r} differs from the partitioning of table {options.table} "
@@ -357,7 +364,36 @@ def _check_new_keyed_table(options: WriteOptions) -> None:
         )
 
 
-def _plan_keys(options: WriteOptions, spark_schema: StructType, table: Table, routed: bool = False) -> KeyedPlan | None:
+def _check_input(options: WriteOptions, spark_schema: StructType, overwrite: bool) -> None:
+    """What every planner refuses before it looks at a table: the DataFrame's columns, the
+    keyed options against them, and where the write goes."""
+    check_dataframe_columns(spark_schema)
+    _check_keyed_options(options, spark_schema, overwrite)
+    _check_write_target(options, overwrite)
+
+
+def _check_new_table(options: WriteOptions, probe: Schema) -> None:
+    """What a table created from these options would refuse: its partitioning and sort
+    order against the schema it would have, and a keyed write's key."""
+    parse_partition_spec(options.partition_by, probe)
+    parse_sort_order(options.sort_by, probe)
+    _check_new_keyed_table(options)
+
+
+def _check_format_version(options: WriteOptions, table: Table) -> None:
+    if table.metadata.format_version < 2:
+        raise OptionError(
+            f"table {options.table} is Iceberg format version 1; lakesink writes versions 2 and 3 "
+            "(upgrade it first, e.g. ALTER TABLE ... SET TBLPROPERTIES ('format-version' = '2'))"
+        )
+
+
+def _refuse_partition_change(options: WriteOptions, table: Table, schema: Schema, writer: str) -> None:
+    """`writer`'s tasks plan each table themselves, with no driver to stage a new spec."""
+    _check_layout_matches(options, table, schema, fixed_by=writer)
+
+
+def _plan_keys(options: WriteOptions, spark_schema: StructType, table: Table, clustered: bool = False) -> KeyedPlan | None:
     if options.operation not in KEYED_OPERATIONS:
         return None
     schema = table.schema()
@@ -398,7 +434,7 @@ def _plan_keys(options: WriteOptions, spark_schema: StructType, table: Table, ro
         table_key_columns=tuple(table_key),
         # Stored only when every sequence column is: a rebuilt index compares whole sequences.
         table_sequence_columns=stored if len(stored) == len(sequence) else (),
-        routed=routed,
+        clustered=clustered,
     )
 
 
@@ -455,12 +491,9 @@ def _plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool
     # creates a table as a side effect.
     spark_schema, route_key = without_route(spark_schema)
     options = _with_route(options, route_key)
-    routed = route_key is not None
-    check_dataframe_columns(spark_schema)
-    _check_keyed_options(options, spark_schema, overwrite)
-    _check_write_target(options, overwrite)
+    clustered = route_key is not None
+    _check_input(options, spark_schema, overwrite)
     probe = _new_table_schema(options, spark_schema)
-    parse_partition_spec(options.partition_by, probe)
     table = resolve_table(options, spark_schema, create=False, clock=clock)
     _check_filter(options, table.schema() if table is not None else probe)
     created = table is None
@@ -470,14 +503,10 @@ def _plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool
         # only once the table is emptied (new_checkpoint.py).
         check_planned_stream(options, table.metadata, overwrite=overwrite)
     else:
-        _check_new_keyed_table(options)
+        _check_new_table(options, probe)
         table = resolve_table(options, spark_schema, clock=clock)
     assert table is not None
-    if table.metadata.format_version < 2:
-        raise OptionError(
-            f"table {options.table} is Iceberg format version 1; lakesink writes versions 2 and 3 "
-            "(upgrade it first, e.g. ALTER TABLE ... SET TBLPROPERTIES ('format-version' = '2'))"
-        )
+    _check_format_version(options, table)
     try:
         # The table's own properties too: one another engine set to a value lakesink cannot
         # use must fail here, not in every task.
@@ -485,7 +514,7 @@ def _plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool
         clock.adopt(RetryPolicy.of(settings))  # the table's own budgets from here on
     except PropertyError as exc:
         raise OptionError(f"{exc} (table {options.table}); fix it with property.{exc.name}=...") from None
-    keyed = _plan_keys(options, spark_schema, table, routed)
+    keyed = _plan_keys(options, spark_schema, table, clustered)
     if table.metadata.format_version >= 3 and (keyed is not None or (overwrite and options.replace_where is not None)):
         settings = TableSettings.for_write(table.metadata.properties, options.table_properties, table.metadata.location)
         try:
@@ -519,8 +548,8 @@ def _plan_write(options: WriteOptions, spark_schema: StructType, overwrite: bool
         evolved_from_schema_id=staged.evolved_from if staged is not None else None,
         write_spec_id=spec_id,
     )
-    if created or routed or overwrite or staged is not None or spec_id is not None:
-        # A new table has nothing to merge; a routed stream's tasks plan for themselves; an
+    if created or clustered or overwrite or staged is not None or spec_id is not None:
+        # A new table has nothing to merge; a clustered stream's tasks plan for themselves; an
         # overwrite or an evolving write changes what a compaction would read.
         return plan
     return msgspec.structs.replace(plan, compaction=_carried_compaction(options, table))
@@ -569,33 +598,33 @@ def write_layout(options: WriteOptions, spark_schema: StructType) -> tuple[Schem
     return schema, spec, sources
 
 
-def plan_routed_task(options: WriteOptions, spark_schema: StructType, write_id: str) -> WritePlan:
-    """The plan a task of a routed stream makes for itself (`cluster_by_key`: the keyed work
-    runs inside Spark's stateful operator, before the sink's writer, so no driver plan
-    reaches it). Against the table's current state, with no side effect: the sink's driver
-    plan for the same batch, made before any task starts, has created the table already and
-    refused bad input; a schema or partition change it would stage is refused here (the
-    task cannot share the staged schema the commit makes current)."""
+def plan_clustered_task(options: WriteOptions, spark_schema: StructType, write_id: str) -> WritePlan:
+    """The plan a task of a stream clustered by key shard makes for itself (`cluster_by_key`:
+    the keyed work runs inside Spark's stateful operator, before the sink's writer, so no
+    driver plan reaches it). Against the table's current state, with no side effect: the
+    sink's driver plan for the same batch, made before any task starts, has created the
+    table already and refused bad input; a schema or partition change it would stage is
+    refused here (the task cannot share the staged schema the commit makes current)."""
     spark_schema, _ = without_route(spark_schema)
-    check_dataframe_columns(spark_schema)
-    _check_keyed_options(options, spark_schema, overwrite=False)
+    _check_input(options, spark_schema, overwrite=False)
     table = resolve_table(options, spark_schema, create=False)
     if table is None:
-        raise OptionError(f"table {options.table} does not exist: the sink's plan creates it before the routed tasks run")
-    keyed = _plan_keys(options, spark_schema, table, routed=True)
+        raise OptionError(f"table {options.table} does not exist: the sink's plan creates it before the clustered tasks run")
+    keyed = _plan_keys(options, spark_schema, table, clustered=True)
     evolution = _evolution(options, spark_schema, table, keyed)
-    if evolution.changed or _check_layout_matches(options, table, evolution.schema) is not None:
+    if evolution.changed:
         raise OptionError(
-            f"table {options.table}: a stream routed by cluster_by_key cannot change the table's schema or partitioning "
-            "(merge_schema, evolve_partition) in the same batch; evolve the table with one unrouted write first"
+            f"table {options.table}: a stream clustered by cluster_by_key cannot change the table's schema (merge_schema) "
+            "in the same batch; evolve the table with one unclustered write first"
         )
+    _refuse_partition_change(options, table, evolution.schema, "a stream clustered by cluster_by_key")
     return _pinned_plan(table, options, write_id, overwrite=False, sources=_column_sources(options, spark_schema, evolution.schema), keyed=keyed)
 
 
 @dataclass(frozen=True)
-class RouteCheck:
-    """What `check_table_route` found of one table: the table (None: to be created), its
-    keys and how the rows change its schema; `plan_table_route` goes on from it."""
+class RoutedTableCheck:
+    """What `check_routed_table` found of one table: the table (None: to be created), its
+    keys and how the rows change its schema; `plan_routed_table` goes on from it."""
 
     table: Table | None
     keyed: KeyedPlan | None = None
@@ -608,35 +637,28 @@ def find_table(options: WriteOptions, clock: RetryClock | None = None) -> Table 
     return resolve_table(options, StructType([]), create=False, clock=clock)
 
 
-def check_table_route(
+def check_routed_table(
     options: WriteOptions, spark_schema: StructType, table: Table | None, *, create: bool, clustered: bool = False
-) -> RouteCheck:
-    """Everything `plan_table_route` refuses, without its side effects (no table created, no
+) -> RoutedTableCheck:
+    """Everything `plan_routed_table` refuses, without its side effects (no table created, no
     column added): a routed task checks all of its tables before it changes any. `table`:
     the table as `find_table` found it (None: it does not exist). `clustered`: the rows were
     routed by key shard too (cluster_by_key), their route column left out of `spark_schema`."""
-    check_dataframe_columns(spark_schema)
-    _check_keyed_options(options, spark_schema, overwrite=False)
-    _check_write_target(options, overwrite=False)
+    _check_input(options, spark_schema, overwrite=False)
     if table is None:
         if not create:
             raise OptionError(f"table {options.table} does not exist and create_tables is false: create it first, or let lakesink create it")
-        probe = _new_table_schema(options, spark_schema)
-        parse_partition_spec(options.partition_by, probe)
-        parse_sort_order(options.sort_by, probe)
-        _check_new_keyed_table(options)
-        return RouteCheck(None)
-    if table.metadata.format_version < 2:
-        raise OptionError(f"table {options.table} is Iceberg format version 1; lakesink writes versions 2 and 3")
-    keyed = _plan_keys(options, spark_schema, table, routed=clustered)
+        _check_new_table(options, _new_table_schema(options, spark_schema))
+        return RoutedTableCheck(None)
+    _check_format_version(options, table)
+    keyed = _plan_keys(options, spark_schema, table, clustered=clustered)
     evolution = _evolution(options, spark_schema, table, keyed)
-    if _check_layout_matches(options, table, evolution.schema) is not None:
-        raise OptionError(f"table {options.table}: a routed write cannot evolve a table's partitioning (evolve_partition)")
-    return RouteCheck(table, keyed, evolution)
+    _refuse_partition_change(options, table, evolution.schema, "a write routed to many tables")
+    return RoutedTableCheck(table, keyed, evolution)
 
 
-def plan_table_route(
-    options: WriteOptions, spark_schema: StructType, write_id: str, *, create: bool, checked: RouteCheck | None = None,
+def plan_routed_table(
+    options: WriteOptions, spark_schema: StructType, write_id: str, *, create: bool, checked: RoutedTableCheck | None = None,
     clustered: bool = False, clock: RetryClock | None = None,
 ) -> WritePlan:
     """The plan a task of a write routed to many tables (`table_column`) makes for one table
@@ -644,12 +666,12 @@ def plan_table_route(
     not exist is created from these rows (`create`); with `merge_schema` new columns are
     added to the table at once, the evolved schema made current (every task of the batch then
     writes with the one schema the catalog holds). A partition change is refused. `checked`:
-    the table as `check_table_route` just found it (checked here when not given).
-    `clustered`: as `check_table_route` has it. `clock`: the task's (else one of its own, the
+    the table as `check_routed_table` just found it (checked here when not given).
+    `clustered`: as `check_routed_table` has it. `clock`: the task's (else one of its own, the
     table's planning being one operation)."""
     clock = clock if clock is not None else planning_clock(options)
     if checked is None:
-        checked = check_table_route(options, spark_schema, find_table(options, clock), create=create, clustered=clustered)
+        checked = check_routed_table(options, spark_schema, find_table(options, clock), create=create, clustered=clustered)
     table = checked.table
     if table is not None and checked.evolution is not None and not checked.evolution.changed:
         sources = _column_sources(options, spark_schema, table.schema())
@@ -659,13 +681,12 @@ def plan_table_route(
         catalog = catalog_call(clock, lambda: loader.load(config), what="opening the catalog", catalog=loader.describe(config))
         # No checkpoint check (resolve_table's): a routed stream meets new tables as it runs.
         table = create_table(catalog, options, spark_schema, config, clock)
-    keyed = _plan_keys(options, spark_schema, table, routed=clustered)
+    keyed = _plan_keys(options, spark_schema, table, clustered=clustered)
     evolution = _evolution(options, spark_schema, table, keyed)
     if evolution.changed:
         staged = stage_evolution(table, _stored_columns(options, spark_schema), _key_columns(table, keyed), make_current=True, clock=clock)
         # None: another task of the batch added the columns first; its schema, current now, is ours.
         table = staged.table if staged is not None else find_table(options, clock) or table
-    if _check_layout_matches(options, table, table.schema()) is not None:
-        raise OptionError(f"table {options.table}: a routed write cannot evolve a table's partitioning (evolve_partition)")
+    _refuse_partition_change(options, table, table.schema(), "a write routed to many tables")
     sources = _column_sources(options, spark_schema, table.schema())
     return _pinned_plan(table, options, write_id, overwrite=False, sources=sources, keyed=keyed)

@@ -252,7 +252,7 @@ def _write_task(
     if plan.keyed is not None:
         from lakesink_datasource.write.keyed import KeyedWriter, chunk_route, open_task_index
     try:
-        if plan.keyed is not None and not plan.keyed.routed:
+        if plan.keyed is not None and not plan.keyed.clustered:
             task_index = open_task_index(plan, metadata, io, partition_id=who.partition_id, attempt=who.attempt, query_id=who.query_id)
             keyed = KeyedWriter(plan, metadata, task_index, writer, splitter, aligner, io=io)
             if plan.options.unavailable_value is not None:
@@ -278,7 +278,7 @@ def _write_task(
             chunk_rows = 1 << 62
         for batch in _chunks(batches, chunk_rows):
             rows_in += batch.num_rows
-            if plan.keyed is not None and plan.keyed.routed:
+            if plan.keyed is not None and plan.keyed.clustered:
                 # A routed task holds one key shard: its host's index of that shard alone.
                 shard = chunk_route(batch, plan.keyed.table_key_columns, route)
                 if route is None:

@@ -162,7 +162,7 @@ def run_routed(harness: Harness, batch: list[list[list[dict]]], batch_id: int, h
 def write_routed(harness: Harness, batch: list[list[list[dict]]], batch_id: int, hosts: list[int]) -> tuple[WritePlan, list]:
     """Plan a batch routed by key shard and run its tasks, shard r's on host hosts[r]."""
     plan = plan_write(harness.options, routed_schema(harness.config), overwrite=False)
-    assert plan.keyed is not None and plan.keyed.routed
+    assert plan.keyed is not None and plan.keyed.clustered
     values = route_values(SHARDS, SHARDS, ["id"])
     messages = []
     for partition, (shard, task) in enumerate(sorted(route_batch(batch, SHARDS).items())):

@@ -22,6 +22,7 @@ from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownExcept
 import lakesink_datasource
 from lakesink_datasource.catalog.errors import CatalogUnavailable
 from lakesink_datasource.catalog.transient import catalog_call
+from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.outage import OUTAGE_TIMEOUT_MS
 from lakesink_datasource.iceberg.properties import TableSettings
 from lakesink_datasource.iceberg.retry import (
@@ -158,8 +159,10 @@ def test_an_outage_ends_at_the_budget_counting_the_failing_attempts_too() -> Non
         time.spend(3.0)  # each attempt takes 3 s to fail (a connection timing out)
         raise STORE_AWAY
 
-    with pytest.raises(StoreUnavailable, match=rf"opening s3://b/x kept failing .*outage budget of 20 s.*{OUTAGE_TIMEOUT_MS}"):
+    with pytest.raises(StoreUnavailable, match=rf"opening s3://b/x kept failing .*outage budget of 20 s.*{OUTAGE_TIMEOUT_MS}") as spent:
         clock.run(slow_failure, doing="opening s3://b/x", exhausted=store_unavailable)
+    # lakesink's own error (Spark shows it without lakesink's frames), and still an OSError to FileIO's callers.
+    assert isinstance(spent.value, LakesinkError) and isinstance(spent.value, OSError)
     # Attempts and pauses together: the budget, and never a pause past it.
     assert clock.failing_seconds == pytest.approx(20.0, abs=3.0) and clock.failing_seconds >= 20.0
     assert time.now - 1000.0 == pytest.approx(clock.failing_seconds)

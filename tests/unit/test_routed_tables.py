@@ -160,6 +160,35 @@ def test_bad_routed_input_is_refused_before_anything_is_written(warehouse: str) 
     assert not table_exists(warehouse, "default.bare")
 
 
+def test_a_routed_write_refuses_what_a_plain_write_refuses_in_the_same_words(warehouse: str) -> None:
+    """A table of format version 1, and a partitioning the table does not have: the routed
+    task's planner and the plain write's name the same fix, and nothing is written."""
+    from lakesink_testing import embedded_catalog
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType
+
+    from lakesink_datasource.options import parse_options
+    from lakesink_datasource.table.setup import plan_write
+
+    os.makedirs(warehouse)
+    catalog = embedded_catalog(warehouse)
+    catalog.create_namespace("db")
+    schema = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "v", StringType(), required=False))
+    catalog.create_table("db.old", schema=schema, properties={"format-version": "1"})
+    catalog.create_table("db.flat", schema=schema, properties={"format-version": "2"})
+    upgrade = r"table db.old is Iceberg format version 1; lakesink writes versions 2 and 3 \(upgrade it first"
+    with pytest.raises(OptionError, match=upgrade):
+        plan_write(parse_options({"table": "db.old", "warehouse": warehouse}), T.StructType(FLAT.fields[1:]), False)
+    raw = {"table_column": "tbl", "warehouse": warehouse, "progress": "false", "maintenance": "off"}
+    with pytest.raises(OptionError, match=upgrade):
+        _run(plan_routed_write(raw, FLAT, False), [[{"tbl": "db.old", "id": 1, "v": "x"}]], FLAT_ARROW, None)
+    with pytest.raises(OptionError, match=r"table db.flat: a write routed to many tables cannot evolve the table's partitioning"):
+        _run(plan_routed_write({**raw, "tables.db.flat.partition_by": "v"}, FLAT, False), [[{"tbl": "db.flat", "id": 1, "v": "x"}]],
+             FLAT_ARROW, None)
+    for t in ("db.old", "db.flat"):
+        assert load(warehouse, t).metadata.current_snapshot() is None
+
+
 def _data_files_on_disk(warehouse: str, identifier: str) -> set[str]:
     root = os.path.join(warehouse, *identifier.split("."), "data")
     return {os.path.join(d, f) for d, _, files in os.walk(root) for f in files}

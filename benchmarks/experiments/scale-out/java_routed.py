@@ -82,7 +82,7 @@ def main() -> int:
         checkpoint = ROOT / "checkpoint"
         for step in ("rewrite", "expire+orphans", "rewrite again", None):
             source.add(spark, 3)
-            batches = _stream(spark, source, checkpoint, warehouse, routed=True)
+            batches = _stream(spark, source, checkpoint, warehouse, clustered=True)
             annotate(warehouse, batches, cluster.homes)
             for b in batches:
                 print(f"batch {b['batch']}: {b['seconds']:.2f} s, shards on workers {b['placement']}; {b['index_starts'] or 'every shard caught up'}")
