@@ -35,6 +35,7 @@ from lakesink_datasource.routing.route_rows import RoutedInputError, key_fields,
 from lakesink_datasource.schema.arrow_align import table_arrow_schema
 from lakesink_datasource.schema.spark_types import SchemaError
 from lakesink_datasource.table import metadata_cache
+from lakesink_datasource.table.history_columns import END, START
 from lakesink_datasource.table.plan import WritePlan
 from lakesink_datasource.table.setup import RoutedTableCheck, check_routed_table, find_table, plan_routed_table
 from lakesink_datasource.write.task import TaskIdentity, write_task
@@ -132,8 +133,15 @@ def _debezium_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> t
         return tables[identifier]
 
     def schema_of(identifier: str) -> pa.Schema | None:
+        """The columns events of the table may carry, typed as the table stores them: a
+        history table's own bounds are not among them."""
         table = found(identifier)
-        return table_arrow_schema(table.schema()) if table is not None else None
+        if table is None:
+            return None
+        schema = table_arrow_schema(table.schema())
+        if START in schema.names and END in schema.names:
+            schema = pa.schema([f for f in schema if f.name not in (START, END)], metadata=schema.metadata)
+        return schema
 
     decoded = decode(records, debezium, schema_of) if records is not None else Decoded()
     incoming: Incoming = {}

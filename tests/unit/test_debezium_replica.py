@@ -472,3 +472,22 @@ def test_a_debezium_stream_into_history_tables_keeps_every_version(warehouse: st
     ]
     assert check_table(table) == []
     assert pyiceberg_rows(load(warehouse, "replica.audit"), ["msg"]) == Counter({("a",): 1})
+
+
+def test_a_history_table_from_events_without_connect_schemas_keeps_its_own_columns_out_of_the_input(warehouse: str) -> None:
+    """JsonConverter with schemas off: a batch's values take their types from the existing
+    table, whose __start_at/__end_at are the history's own, not the events' (found by the
+    Java cross-check: the second batch was refused as if the events carried them)."""
+    sales = SourceTable("testDB", "dbo", "sales", (Column("id", "int32", optional=False), Column("qty", "int32")), ("id",))
+    db = SourceDatabase(Connector("sqlserver", "ms", wrapper=False), [sales])
+    replica = Replicator(warehouse, history="true")
+    db.insert("sales", {"id": 1, "qty": 1})
+    replica.run(db.records)
+    start = len(db.records)
+    db.update("sales", (1,), {"qty": 2})
+    db.update("sales", (1,), {"qty": 3})
+    replica.run(db.records[start:])
+    table = load(warehouse, "replica.sales")
+    versions = sorted((r[0], r[1] is None) for r in pyiceberg_rows(table, ["qty", "__end_at"]))
+    assert versions == [(1, False), (2, False), (3, True)]
+    assert check_table(table) == []
