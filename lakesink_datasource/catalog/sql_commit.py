@@ -15,6 +15,7 @@ catalog goes through pyiceberg as before.
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 
@@ -115,7 +116,7 @@ def prepare_swap(table: Table, requirements: tuple[TableRequirement, ...], updat
     for requirement in requirements:
         requirement.validate(base)
     new = apply_updates(base, updates, table.metadata_location)
-    version = table.catalog._parse_metadata_version(table.metadata_location) + 1  # type: ignore[attr-defined]
+    version = metadata_version(table.metadata_location) + 1
     location = load_location_provider(new.location, new.properties).new_table_metadata_file_location(version)
     with v3_metadata_writes():
         # A new name (a fresh uuid in it) is never taken: overwrite, so no existence check
@@ -152,3 +153,13 @@ def swap_together(swaps: list[PreparedSwap]) -> list[CommitTableResponse]:
         responses.append(CommitTableResponse(metadata=swap.metadata, metadata_location=swap.location))
         _remember(catalog, Table(swap.table.name(), metadata=swap.metadata, metadata_location=swap.location, io=swap.table.io, catalog=catalog))
     return responses
+
+
+def metadata_version(metadata_location: str) -> int:
+    """The version a metadata file's name carries: `00011-<uuid>.metadata.json` (catalogs'
+    names) or `v11.metadata.json` (Hadoop tables' and some Java tools'); -1 for any other
+    name. pyiceberg reads only the first form, so after another engine's `v11` its next file
+    would be `00000-...`, and a tool ordering metadata files by name would pick the wrong one."""
+    name = metadata_location.rsplit("/", 1)[-1]
+    found = re.match(r"v?(\d+)(?:-[^.]*)?\.(?:gz\.)?metadata\.json$", name)
+    return int(found.group(1)) if found is not None else -1
