@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from copy import copy
 
-from pyiceberg.avro.file import AvroFile
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
     MANIFEST_LIST_FILE_SCHEMAS,
@@ -19,6 +18,7 @@ from pyiceberg.manifest import (
     PartitionFieldSummary,
 )
 
+from lakesink_datasource.iceberg.avro_input import SchemaCachedAvroFile
 from lakesink_datasource.iceberg.avro_output import CachedAvroOutputFile
 from lakesink_datasource.iceberg.manifests import AVRO_CODEC, MF_FIRST_ROW_ID, AvroCodec
 from lakesink_datasource.iceberg.object_cache import TieredCache
@@ -36,7 +36,7 @@ def read_manifest_list(io: FileIO, location: str) -> list[ManifestFile]:
     cached = _cache.get(location)
     if cached is not None:
         return list(cached)
-    with AvroFile[ManifestFile](
+    with SchemaCachedAvroFile[ManifestFile](
         io.new_input(location),
         MANIFEST_LIST_FILE_SCHEMAS[3],
         read_types={-1: ManifestFile, 508: PartitionFieldSummary},

@@ -15,7 +15,7 @@ import functools
 from collections.abc import Iterable
 from typing import Final, Literal
 
-from pyiceberg.avro.file import AvroFile, AvroOutputFile
+from pyiceberg.avro.file import AvroOutputFile
 from pyiceberg.io import FileIO, OutputFile
 from pyiceberg.manifest import (
     MANIFEST_ENTRY_SCHEMAS,
@@ -37,6 +37,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.typedef import TableVersion
 from pyiceberg.types import StructType
 
+from lakesink_datasource.iceberg.avro_input import SchemaCachedAvroFile
 from lakesink_datasource.iceberg.avro_output import CachedAvroOutputFile
 from lakesink_datasource.iceberg.object_cache import TieredCache
 
@@ -130,7 +131,7 @@ def read_entries(io: FileIO, manifest: ManifestFile, *, live_only: bool = True) 
 
 
 def _read_all_entries(io: FileIO, manifest: ManifestFile) -> list[ManifestEntry]:
-    with AvroFile[ManifestEntry](
+    with SchemaCachedAvroFile[ManifestEntry](
         io.new_input(manifest.manifest_path),
         MANIFEST_ENTRY_SCHEMAS[3],
         read_types={-1: ManifestEntry, 2: DataFile},

@@ -24,6 +24,7 @@ from lakesink_datasource.debezium.connect_schema import (
     ConnectSchema,
     DebeziumSchemaError,
     arrow_type,
+    binary_from_base64,
     convert,
     read_type,
 )
@@ -219,3 +220,17 @@ def test_the_bulk_read_gives_what_reading_record_by_record_gives() -> None:
     assert in_bulk.skipped == one_by_one.skipped == {"tombstones": 10}
     people_rows = in_bulk.tables[1].rows
     assert PLACEHOLDER in people_rows.column("name").to_pylist()  # left for the keyed write to fill
+
+
+@settings(max_examples=examples(200))
+@given(values=st.lists(st.one_of(st.none(), st.binary(max_size=24)), max_size=40), start=st.integers(0, 3))
+def test_a_base64_column_decodes_as_pythons_base64_does(values: list[bytes | None], start: int) -> None:
+    """The column-at-once decoding (decimals, bytes) against Python's base64, on slices too."""
+    texts = pa.array([None if v is None else base64.b64encode(v).decode() for v in values], pa.string()).slice(start)
+    assert binary_from_base64(texts, "f").to_pylist() == values[start:]
+
+
+@pytest.mark.parametrize("text", ["AB=C", "A", "QUJD\n", "QU*D"])
+def test_text_that_is_not_base64_is_refused_naming_the_field(text: str) -> None:
+    with pytest.raises(DebeziumSchemaError, match="field 'blob': a bytes value is not base64 text"):
+        binary_from_base64(pa.array(["QUJD", text]), "blob")
