@@ -126,12 +126,12 @@ class Source:
             self.next += 1
 
 
-def _stream(spark: Any, source: Source, checkpoint: Path, warehouse: Path, routed: bool) -> list[dict[str, Any]]:
+def _stream(spark: Any, source: Source, checkpoint: Path, warehouse: Path, clustered: bool) -> list[dict[str, Any]]:
     """Run the stream over the files not read yet; per micro-batch: its id and seconds."""
     from lakesink_datasource import cluster_by_key
 
     df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(source.folder))
-    if routed:
+    if clustered:
         writer = cluster_by_key(df, "id", **_options(warehouse)).writeStream.format("lakesink")
     else:
         writer = df.repartition(SHARDS, "id").writeStream.format("lakesink").options(**_options(warehouse))
@@ -243,7 +243,7 @@ def _phase(root: Path, warehouse: Path, rows: int, workers: int, reps: int, batc
                 for routed in (False, True):
                     feed = source if routed else plain_source
                     feed.add(spark, reps + 1)
-                    run = _stream(spark, feed, checkpoint if routed else feed.folder.parent / "checkpoint-plain", warehouse, routed)
+                    run = _stream(spark, feed, checkpoint if routed else feed.folder.parent / "checkpoint-plain", warehouse, clustered=routed)
                     annotate(warehouse, run, cluster.homes)
                     rounds["routed" if routed else "plain"] += run[1:]  # the first catches up the other's batches
                     log(f"    round {r} {'routed' if routed else 'plain'}: " + ", ".join(f"{b['seconds']:.2f}" for b in run))

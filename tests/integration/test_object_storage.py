@@ -287,9 +287,9 @@ subprocess.Popen(["sh", "-c", f"sleep {sys.argv[2]}; {sys.argv[1]} > /dev/null 2
 def test_a_keyed_stream_rides_out_the_store_and_its_catalog_going_away(deployment: Deployment, tmp_path: Path) -> None:
     """SeaweedFS (the S3 store, and for `rest` the REST catalog too) is killed once two batches
     have landed, stays down (`rest`: 60 seconds, a minute of catalog and store both away;
-    `sql`: 20 seconds, longer than any client's own retries) and is started again on the same
-    data: the query waits (whatever runs next retries within the outage budget, saying so)
-    and never stops; the table is exact."""
+    `sql`: 20 seconds, far longer than the S3 client's own three attempts) and is started
+    again on the same data: the query waits (whatever runs next retries within the outage
+    budget, saying so) and never stops; the table is exact."""
     _ride_out_an_outage(deployment, tmp_path, fault=None, seconds=60 if deployment.name == "rest" else 20)
 
 
