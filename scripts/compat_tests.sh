@@ -2,7 +2,8 @@
 # The compatibility set of one older PySpark minor, in its own venv (scripts/compat_venv.sh):
 # the Spark-session tests of writes, keyed writes, reads, stream reads, SQL, metadata tables
 # and key routing, the foreachBatch sink, the demo (which finds lakesink by name, registering
-# nothing), Spark's lookup of pyspark_lakesink, the pipeline example (4.1 and newer: run, then
+# nothing), Spark's lookup of pyspark_lakesink, a spark-submit job that finds it by name and
+# then registers it (refused on 4.0), the pipeline example (4.1 and newer: run, then
 # run again with nothing new; the full refresh runs with the whole suite on the newest
 # minor), and exactly-once kill tests of keyed upserts: each crash window (a SIGKILL after the
 # commit, one during the tasks' writes, a task failure) once on every minor, the routing
@@ -31,4 +32,5 @@ echo "lakesink: the compatibility set on PySpark $("$VENV/bin/python" -c 'import
   tests/integration/test_key_routing.py tests/integration/test_demo.py \
   "${KILLS[@]}" \
   tests/integration/test_batch_sink.py tests/unit/test_spark_rows.py \
-  tests/unit/test_spark_version.py tests/unit/test_pyspark_module.py tests/integration/test_pipeline_example.py
+  tests/unit/test_spark_version.py tests/unit/test_pyspark_module.py tests/integration/test_found_by_name.py \
+  tests/integration/test_pipeline_example.py
