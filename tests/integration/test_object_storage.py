@@ -319,11 +319,11 @@ def _ride_out_an_outage(deployment: Deployment, tmp_path: Path, fault: str | Non
     assert pids, "no SeaweedFS process to take away"
     script = tmp_path / "take_the_store_away.py"
     script.write_text(TAKE_THE_STORE_AWAY)
+    take_away = [sys.executable, str(script), str(SEAWEEDFS_SCRIPT), str(seconds), *map(str, pids)]
     env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS"}
     if fault is not None:
         faults = tmp_path / "faults.json"
-        command = [sys.executable, str(script), str(SEAWEEDFS_SCRIPT), str(seconds), *map(str, pids)]
-        faults.write_text(json.dumps([{"point": fault, "batch": 2, "action": "run", "once": True, "command": command}]))
+        faults.write_text(json.dumps([{"point": fault, "batch": 2, "action": "run", "once": True, "command": take_away}]))
         env["LAKESINK_FAULTS"] = str(faults)
     log = open(tmp_path / "child.log", "wb")  # noqa: SIM115 (closed below)
     child = subprocess.Popen([sys.executable, CHILD, str(source), str(checkpoint), str(tmp_path / "unused"), deployment.ident("outage"), *extra],
@@ -335,7 +335,7 @@ def _ride_out_an_outage(deployment: Deployment, tmp_path: Path, fault: str | Non
                 assert child.poll() is None, (tmp_path / "child.log").read_text()[-3000:]
                 assert time.monotonic() < deadline, "the stream never committed a batch"
                 time.sleep(0.2)
-            subprocess.run([sys.executable, str(script), str(SEAWEEDFS_SCRIPT), str(seconds), *map(str, pids)], check=True)
+            subprocess.run(take_away, check=True)
         code = child.wait(timeout=900)
     finally:
         if child.poll() is None:
