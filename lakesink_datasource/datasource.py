@@ -453,7 +453,11 @@ class ClusteredTablesStreamWriter(DataSourceStreamArrowWriter):
         for shard in shards:
             for name, position in shard.truncates.items():
                 truncates[name] = max(position, truncates.get(name, position))
-        return RoutedTablesMessage(tables, skipped, sorted({t for shard in shards for t in shard.change_logs}), truncates)
+        from lakesink_datasource.debezium.decode import check_batch_sources
+
+        check_batch_sources(shard.sources for shard in shards)  # shards of one table, two source tables
+        sources = {name: source for shard in shards for name, source in shard.sources.items()}
+        return RoutedTablesMessage(tables, skipped, sorted({t for shard in shards for t in shard.change_logs}), truncates, sources)
 
     @without_traceback
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

@@ -430,7 +430,7 @@ class _TablesShardWriter(_ShardWriter):
         codec = RowCodec(StructType.fromJson(json.loads(self.data_schema)))
         write = RoutedWrite(options=parse_routing(self.raw), write_id=_execution_write_id())
         message = write_routed_task(write, (codec.decode(frame) for frame in frames))
-        shard = ShardTables(message.tables, message.skipped, message.change_logs, message.truncates)
+        shard = ShardTables(message.tables, message.skipped, message.change_logs, message.truncates, message.sources)
         yield pd.DataFrame({RESULT_COLUMN: [msgspec.msgpack.encode(shard)]})
 
 
@@ -442,6 +442,7 @@ class ShardTables(msgspec.Struct, array_like=True):
     skipped: dict[str, int] = {}
     change_logs: list[str] = []
     truncates: dict[str, bytes] = {}
+    sources: dict[str, list[str | None]] = {}  # cdc_format: table -> its source table
 
 
 def _execution_write_id() -> str:

@@ -170,6 +170,7 @@ class RoutedTablesMessage(WriterCommitMessage):
     skipped: dict[str, int] = field(default_factory=dict)
     change_logs: list[str] = field(default_factory=list)
     truncates: dict[str, bytes] = field(default_factory=dict)
+    sources: dict[str, list[str | None]] = field(default_factory=dict)  # cdc_format: table -> its source table
 
 
 def decode_messages(messages: list[WriterCommitMessage | None]) -> list[TaskResult]:

@@ -23,9 +23,12 @@ position (a truncate too).
 
 from __future__ import annotations
 
+import dataclasses
+import decimal
 import gc
 import io
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +44,7 @@ from lakesink_datasource.debezium.connect_schema import (
     arrow_type,
     convert,
     has_map,
+    nulls_counted,
     parse_schema,
     read_type,
 )
@@ -56,6 +60,7 @@ from lakesink_datasource.debezium.envelope import (
     known_prefixes,
     read_key,
     read_value,
+    refuse_mongodb,
     where,
 )
 from lakesink_datasource.debezium.options import DebeziumOptions
@@ -78,6 +83,9 @@ class DecodedTable:
     connector: str
     truncated_at: bytes | None = None  # the newest truncate's position (encoded as the sequence is)
     events: int = 0
+    # The source table (db, schema, table) its events name; None: option table_name given (a
+    # template may gather several source tables on purpose).
+    source: SourceName | None = None
 
 
 @dataclass
@@ -87,6 +95,10 @@ class Decoded:
     # Truncates of tables that did not exist when the task looked, by table: their newest
     # position. Another task of the batch may create the table; the commit applies them then.
     truncates: dict[str, bytes] = field(default_factory=dict)
+
+
+# A source table as its events name it: (source.db, source.schema, source.table).
+SourceName = tuple[str | None, str | None, str]
 
 
 # The Arrow schema a table already has (None: it does not exist): a row read without
@@ -171,6 +183,7 @@ class _Records:
     offsets: list[Any]
     key_struct: pa.StructArray | None
     value_struct: pa.StructArray | None
+    sources: dict[str, SourceName] = field(default_factory=dict)  # table -> the source table its events name
 
     def where(self, i: int) -> str:
         return where(self.topics[i], self.partitions[i], self.offsets[i], i)
@@ -178,7 +191,16 @@ class _Records:
 
 def decode(records: pa.Table, options: DebeziumOptions, table_schema: TableSchema, *, bulk: bool = True) -> Decoded:
     """Every table's rows of a task's records (columns as options names them). `bulk=False`
-    reads every record one by one (the tests hold the two ways to the same result)."""
+    reads every record one by one (the tests hold the two ways to the same result). Values
+    written as null (PostgreSQL's infinity...) are counted with the records skipped."""
+    with nulls_counted() as nulled:
+        out = _decode(records, options, table_schema, bulk)
+    for what, count in nulled.items():
+        out.skipped[what] = out.skipped.get(what, 0) + count
+    return out
+
+
+def _decode(records: pa.Table, options: DebeziumOptions, table_schema: TableSchema, bulk: bool) -> Decoded:
     out = Decoded()
     n = records.num_rows
     if n == 0:
@@ -210,6 +232,8 @@ def decode(records: pa.Table, options: DebeziumOptions, table_schema: TableSchem
     for identifier in sorted(parts):
         decoded = _table(identifier, connectors[identifier], parts[identifier], table_schema(identifier), route, task)
         if decoded is not None:
+            if not options.table_name_given:
+                decoded = dataclasses.replace(decoded, source=task.sources[identifier])
             out.tables.append(decoded)
         else:
             out.truncates[identifier] = max(max(encode_position(p.position)) for p in parts[identifier])
@@ -312,7 +336,7 @@ def _record_by_record(
             naming = (source.db, source.schema, source.table, task.topics[i])
             identifier = names.get(naming)
             if identifier is None:
-                identifier = names[naming] = _identifier(task.options, naming)
+                identifier = names[naming] = _name(task, naming)
             table = tables.get(identifier)
             if table is None:
                 table = tables[identifier] = _Table(str(source.connector or ""))
@@ -338,7 +362,7 @@ def _record_by_record(
     for identifier, table in tables.items():
         _connector(connectors, identifier, table.connector, task, table.indices[0])
         indices = np.asarray(table.indices, dtype=np.int64)
-        position = positions(table.connector, table.sources, table.offsets if task.options.offset_column is not None else None)
+        position = positions(table.connector, table.sources, table.ops)
         rows = _struct_rows(task.value_struct, indices, table.ops) if task.value_struct is not None else _json_rows(table, table_schema(identifier))
         if task.key_struct is not None:
             taken = task.key_struct.take(pa.array(indices))
@@ -353,6 +377,63 @@ def _connector(connectors: dict[str, str], identifier: str, connector: str, task
     held = connectors.setdefault(identifier, connector)
     if held != connector:
         raise DebeziumInputError(f"{task.where(i)}: table {identifier} gets events of connectors {held!r} and {connector!r}")
+
+
+def _name(task: _Records, naming: tuple[Any, ...]) -> str:
+    """The table a source table's events go to; two source tables the default template names
+    alike (`public.orders`, `sales.orders`) are refused, before their rows mix."""
+    identifier = _identifier(task.options, naming)
+    source: SourceName = (naming[0], naming[1], naming[2])
+    held = task.sources.setdefault(identifier, source)
+    if held != source and not task.options.table_name_given:
+        raise DebeziumInputError(f"{RECORD}: {merged_sources(identifier, [held, source])}")
+    return identifier
+
+
+def merged_sources(identifier: str, sources: Sequence[Sequence[str | None]]) -> str:
+    """Why the events of two source tables cannot go to one table under the default template,
+    and the template that keeps them apart."""
+    names = sorted({".".join(str(p) for p in s if p is not None) for s in sources})
+    parts = ["{db}"] if len({s[0] for s in sources}) > 1 else []
+    parts += ["{schema}"] if len({s[1] for s in sources}) > 1 else []
+    template = "_".join([*(parts or ["{schema}"]), "{table}"])
+    return (
+        f"table {identifier} would get the events of source tables {' and '.join(names)}: option 'table_name' (default "
+        f"'{{table}}') names both so, and their rows would mix. Give option table_name a template that keeps them apart, "
+        f"e.g. '{template}' ({{db}}, {{schema}}, {{table}}, {{topic}} are the source's names). Nothing was written"
+    )
+
+
+# The table property a table made from one source table's events records it in (JSON: db,
+# schema, table), so a later batch of another source table of the same name is refused.
+SOURCE_PROPERTY = "lakesink.debezium.source"
+
+
+def source_property(source: SourceName) -> str:
+    return msgspec.json.encode(list(source)).decode()
+
+
+def check_table_source(identifier: str, source: SourceName, properties: Mapping[str, str]) -> None:
+    """Refuse events of `source` for a table another source table's events made."""
+    recorded = properties.get(SOURCE_PROPERTY)
+    if recorded is None or recorded == source_property(source):
+        return
+    try:
+        held = msgspec.json.decode(recorded, type=tuple[str | None, str | None, str])
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return  # not lakesink's: nothing to compare
+    raise DebeziumInputError(merged_sources(identifier, [held, source]))
+
+
+def check_batch_sources(sources: Iterable[Mapping[str, Sequence[str | None]]]) -> None:
+    """The driver's check over a batch's tasks (each saw some Kafka partitions): one source
+    table per table."""
+    seen: dict[str, Sequence[str | None]] = {}
+    for task in sources:
+        for identifier, source in task.items():
+            held = seen.setdefault(identifier, source)
+            if list(held) != list(source):
+                raise DebeziumInputError(merged_sources(identifier, [held, source]))
 
 
 def _identifier(options: DebeziumOptions, naming: tuple[Any, ...]) -> str:
@@ -402,7 +483,10 @@ def _struct_events(value: pa.StructArray) -> list[Event]:
             raise DebeziumInputError(f"a record has op {op!r}: Debezium's ops are c, r, u, d, t, m. Nothing was written")
         else:
             known = {k: v for k, v in (source or {}).items() if k in Source.__struct_fields__}
-            events.append(Event(Kind.TRUNCATE if op == TRUNCATE_OP else Kind.CHANGE, op, Source(**known)))
+            read = Source(**known)
+            if read.table is None:
+                refuse_mongodb(read, f"record {len(events)} of the input")
+            events.append(Event(Kind.TRUNCATE if op == TRUNCATE_OP else Kind.CHANGE, op, read))
     return events
 
 
@@ -506,8 +590,7 @@ def _in_bulk(
     columns = [convert(image.field(j), f) for j, f in enumerate(row.fields or ())]
     rows = pa.Table.from_arrays(columns, schema=pa.schema([pa.field(f.field or "", arrow_type(f)) for f in row.fields or ()]))
     keys, keyless = _bulk_keys(task, topic, members, ops)
-    offsets = pa.array([task.offsets[i] for i in members], pa.int64()) if task.options.offset_column is not None else None
-    position = positions_of(connector, src.field, len(members), offsets)
+    position = positions_of(connector, src.field, len(members), ops)
     # A topic normally holds one table; grouped by source naming all the same.
     naming = pc.dictionary_encode(pc.binary_join_element_wise(
         pc.fill_null(src.field("db"), ""), pc.fill_null(src.field("schema"), ""), pc.fill_null(src.field("table"), ""), "\x00"
@@ -517,8 +600,11 @@ def _in_bulk(
         db, schema_name, table = name.split("\x00")
         if not table:
             return False
-        identifier = _identifier(task.options, (db or None, schema_name or None, table, topic))
         chosen = np.flatnonzero(codes == code)
+        try:
+            identifier = _name(task, (db or None, schema_name or None, table, topic))
+        except DebeziumInputError as exc:
+            raise DebeziumInputError(str(exc).replace(RECORD, task.where(int(members[int(chosen[0])])))) from None
         take = pa.array(chosen)
         _connector(connectors, identifier, connector, task, int(members[int(chosen[0])]))
         parts.setdefault(identifier, []).append(_Part(
@@ -718,8 +804,38 @@ def _parse_blob(blob: bytes, n: int, connect: ConnectSchema | None, existing: pa
         parsed = _read(blob, explicit, "infer")
     except pa.ArrowInvalid as exc:
         raise DebeziumSchemaError(f"the rows cannot be read as the table's columns: {exc}") from None
-    nulls = [f.name for f in parsed.schema if pa.types.is_null(f.type)]
-    return parsed.drop_columns(nulls) if nulls else parsed
+    return _typed_only(parsed)
+
+
+def _typed_only(parsed: pa.Table) -> pa.Table:
+    """Rows read without a schema, less what no value typed: a field null in every row, an
+    array empty in every row, a struct's field null throughout. Such a field is no column (yet):
+    any type chosen for it could refuse the value that later gives it one (a string column
+    given a number); the table's own columns were read in their types already."""
+    for name in list(parsed.column_names):
+        kind = parsed.schema.field(name).type
+        typed = _typed_part(kind)
+        if typed is None:
+            parsed = parsed.drop_columns([name])
+        elif typed != kind:
+            parsed = parsed.set_column(parsed.column_names.index(name), name, parsed.column(name).cast(typed))
+    return parsed
+
+
+def _typed_part(kind: pa.DataType) -> pa.DataType | None:
+    """`kind` less its parts of Arrow's null type (None: nothing is left)."""
+    if pa.types.is_null(kind):
+        return None
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        item = _typed_part(kind.value_type)
+        if item is None:
+            return None
+        field = kind.value_field.with_type(item)
+        return pa.list_(field) if pa.types.is_list(kind) else pa.large_list(field)
+    if pa.types.is_struct(kind):
+        fields = [f.with_type(t) for f in kind if (t := _typed_part(f.type)) is not None]
+        return pa.struct(fields) if fields else None
+    return kind
 
 
 def _lines(raws: Sequence[Json | None]) -> bytes:
@@ -733,6 +849,20 @@ def _lines(raws: Sequence[Json | None]) -> bytes:
 
 
 def _read(blob: bytes, explicit: pa.Schema | None, unexpected: str) -> pa.Table:
+    """Newline-delimited JSON objects as columns: the `explicit` ones in their types, others
+    ignored or (`infer`) typed as the JSON gives them: text stays text (Arrow's reader would
+    make timestamps of some), and JsonConverter's texts for a float's NaN and infinities are
+    those floats."""
+    if b'"NaN"' in blob or b'Infinity"' in blob:
+        blob = _float_texts(blob, explicit, unexpected)
+    parsed = _arrow_read(blob, explicit, unexpected)
+    if unexpected != "infer":
+        return parsed
+    texts = _texts_kept(parsed.schema, explicit)
+    return parsed if texts is None else _arrow_read(blob, texts, "ignore")
+
+
+def _arrow_read(blob: bytes, explicit: pa.Schema | None, unexpected: str) -> pa.Table:
     parse = pa_json.ParseOptions(explicit_schema=explicit, unexpected_field_behavior=unexpected)
     # Inferring, one block for the whole blob: Arrow infers a block's types on its own, and
     # blocks that disagree (a field null in one, text in the next) would fail the read. With
@@ -740,3 +870,77 @@ def _read(blob: bytes, explicit: pa.Schema | None, unexpected: str) -> pa.Table:
     inferring = unexpected == "infer"
     read = pa_json.ReadOptions(block_size=max(1 << 20, len(blob) + 1) if inferring else 1 << 20)
     return pa_json.read_json(io.BytesIO(blob), read_options=read, parse_options=parse)
+
+
+def _texts_kept(inferred: pa.Schema, explicit: pa.Schema | None) -> pa.Schema | None:
+    """The schema that reads again, as text, what Arrow's inference made temporal (ISO dates
+    and timestamps in text; pyarrow's JSON reader has no option to stop it); None: nothing was."""
+    given = set(explicit.names) if explicit is not None else set()
+    fields = [f if f.name in given else f.with_type(_as_text(f.type)) for f in inferred]
+    if all(f.type == g.type for f, g in zip(fields, inferred)):
+        return None
+    return pa.schema(fields)
+
+
+def _as_text(kind: pa.DataType) -> pa.DataType:
+    if pa.types.is_temporal(kind):
+        return pa.string()
+    if pa.types.is_list(kind):
+        return pa.list_(kind.value_field.with_type(_as_text(kind.value_type)))
+    if pa.types.is_struct(kind):
+        return pa.struct([f.with_type(_as_text(f.type)) for f in kind])
+    return kind
+
+
+# JsonConverter (Jackson) writes a float's NaN and infinities as these texts; Arrow's reader
+# takes them as floats only unquoted, which Decimal's are when msgspec writes them as numbers.
+_FLOAT_TEXTS = {"NaN": decimal.Decimal("NaN"), "Infinity": decimal.Decimal("Infinity"), "-Infinity": decimal.Decimal("-Infinity")}
+# One of those texts where a value (not a key) stands.
+_FLOAT_TEXT_VALUE = re.compile(rb'(?<=[:\[,])(\s*)"(?:NaN|-?Infinity)"(?=\s*[,\]}])')
+# Numbers are read and written back as their own digits (a decimal of 40 digits stays exact).
+_exact_decoder = msgspec.json.Decoder(float_hook=decimal.Decimal)
+_exact_encoder = msgspec.json.Encoder(decimal_format="number")
+
+
+def _float_texts(blob: bytes, explicit: pa.Schema | None, unexpected: str) -> bytes:
+    """`blob` with the NaN and infinity texts of float fields unquoted. A float field is one
+    `explicit` types so or, inferring, one whose other values are numbers (a field never
+    seen as a number keeps its text). Only the lines holding such a text are rewritten."""
+    types: pa.Schema | None = explicit
+    if unexpected == "infer":
+        try:
+            types = _arrow_read(_FLOAT_TEXT_VALUE.sub(rb"\1null", blob), explicit, "infer").schema
+        except pa.ArrowInvalid:
+            return blob  # the read names what is wrong
+    if types is None or not _has_float(pa.struct(list(types))):
+        return blob
+    row = pa.struct(list(types))
+    lines = blob.split(b"\n")
+    for i, line in enumerate(lines):
+        if _FLOAT_TEXT_VALUE.search(line) is not None:
+            try:
+                lines[i] = _exact_encoder.encode(_floats_of(_exact_decoder.decode(line), row))
+            except msgspec.DecodeError:
+                pass  # not JSON: the read names it
+    return b"\n".join(lines)
+
+
+def _has_float(kind: pa.DataType) -> bool:
+    if pa.types.is_floating(kind):
+        return True
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _has_float(kind.value_type)
+    return pa.types.is_struct(kind) and any(_has_float(f.type) for f in kind)
+
+
+def _floats_of(value: Any, kind: pa.DataType) -> Any:
+    """`value` with the texts `_FLOAT_TEXTS` names as those numbers where `kind` is a float."""
+    if isinstance(value, str):
+        return _FLOAT_TEXTS.get(value, value) if pa.types.is_floating(kind) else value
+    if isinstance(value, list) and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        return [_floats_of(v, kind.value_type) for v in value]
+    if isinstance(value, dict) and pa.types.is_struct(kind):
+        for field in kind:
+            if field.name in value and _has_float(field.type):
+                value[field.name] = _floats_of(value[field.name], field.type)
+    return value

@@ -59,6 +59,7 @@ class Source(msgspec.Struct):
     event_serial_no: Any = None
     scn: Any = None  # Oracle
     commit_scn: Any = None
+    collection: Any = None  # MongoDB's (refused, named: `refuse_mongodb`)
 
 
 class _Envelope(msgspec.Struct):
@@ -66,9 +67,9 @@ class _Envelope(msgspec.Struct):
     before: msgspec.Raw = NOTHING
     after: msgspec.Raw = NOTHING
     source: Source | None = None
-    # transaction boundaries: {"status": "BEGIN" | "END", "id": ...}
+    # transaction boundaries: {"status": "BEGIN" | "END", "id": ...} (`_TRANSACTION_FIELDS`)
     status: Any = None
-    # schema changes (MySQL's, SQL Server's schema change topic)
+    # schema changes (MySQL's, SQL Server's schema change topic: `_SCHEMA_CHANGE_FIELDS`)
     ddl: Any = None
     tableChanges: msgspec.Raw = NOTHING
     databaseName: Any = None
@@ -194,11 +195,15 @@ def _classify(envelope: _Envelope, schema: bytes | None, value: bytes | str, top
         if op in WRITE_OPS or op == DELETE_OP:
             if envelope.source is None:
                 raise DebeziumInputError(f"{what} is not a Debezium change event: op {op!r} without 'source'. Nothing was written")
+            if envelope.source.table is None:
+                refuse_mongodb(envelope.source, what)
             row = _raw(envelope.after) if op != DELETE_OP else _raw(envelope.before)
             return Event(Kind.CHANGE, op, envelope.source, row, schema)
         if op == TRUNCATE_OP:
             if envelope.source is None:
                 raise DebeziumInputError(f"{what} is not a Debezium change event: op 't' without 'source'. Nothing was written")
+            if envelope.source.table is None:
+                refuse_mongodb(envelope.source, what)
             return Event(Kind.TRUNCATE, op, envelope.source, schema=schema)
         if op == MESSAGE_OP:
             return Event(Kind.MESSAGE)
@@ -206,27 +211,58 @@ def _classify(envelope: _Envelope, schema: bytes | None, value: bytes | str, top
             f"{what} has op {op!r}: Debezium's ops are c, r, u (write the row), d (delete the key), t (truncate), "
             "m (a logical message). Nothing was written"
         )
-    if envelope.status in ("BEGIN", "END"):
+    # Told apart by their whole shape, never by one field: a row without an envelope (Debezium's
+    # ExtractNewRecordState) may well have a `status` of 'BEGIN' or a `ddl` column.
+    fields = _fields(value) if envelope.status is not None or envelope.ddl is not None or envelope.source is not None else None
+    if fields is not None and envelope.status in ("BEGIN", "END") and _TRANSACTION_MARKER <= fields <= _TRANSACTION_FIELDS:
         return Event(Kind.TRANSACTION)
-    if envelope.ddl is not None or _raw(envelope.tableChanges) is not None or envelope.databaseName is not None:
+    if fields is not None and _SCHEMA_CHANGE <= fields <= _SCHEMA_CHANGE_FIELDS:
         return Event(Kind.SCHEMA_CHANGE)
     if (topic or "").startswith("__debezium-heartbeat") or _is_heartbeat(value):
         return Event(Kind.HEARTBEAT)
     raise DebeziumInputError(
         f"{what} is not a Debezium change event: it has no 'op' and is no tombstone, heartbeat, transaction marker or "
-        "schema change (is the topic one of Debezium's, read as JSON?). Nothing was written"
+        "schema change (is the topic one of Debezium's, read as JSON? A row without Debezium's envelope, as "
+        "ExtractNewRecordState writes it, is written with table_column and op_column instead). Nothing was written"
     )
+
+
+# Debezium's transaction metadata value (its `<topic.prefix>.transaction` topic) and schema
+# change value (SchemaFactory's TransactionMetadataValue and SchemaChangeValue): the fields
+# every version writes (JsonConverter writes a null field too), and every field.
+_TRANSACTION_MARKER = frozenset({"status", "id", "event_count", "data_collections"})
+_TRANSACTION_FIELDS = _TRANSACTION_MARKER | {"ts_ms"}
+_SCHEMA_CHANGE = frozenset({"source", "databaseName", "ddl"})
+_SCHEMA_CHANGE_FIELDS = _SCHEMA_CHANGE | {"ts_ms", "schemaName", "tableChanges"}
+
+
+def _fields(value: bytes | str) -> frozenset[str] | None:
+    """The field names of a value's payload (in JsonConverter's wrapper, or bare)."""
+    try:
+        fields = msgspec.json.decode(value)
+    except msgspec.DecodeError:
+        return None
+    if isinstance(fields, dict) and "payload" in fields and "schema" in fields:
+        fields = fields["payload"]
+    return frozenset(fields) if isinstance(fields, dict) else None
 
 
 def _is_heartbeat(value: bytes | str) -> bool:
     """A heartbeat's value holds `ts_ms` only (in JsonConverter's wrapper, or bare)."""
-    try:
-        fields = msgspec.json.decode(value)
-    except msgspec.DecodeError:
-        return False
-    if isinstance(fields, dict) and "payload" in fields and "schema" in fields:
-        fields = fields["payload"]
-    return isinstance(fields, dict) and set(fields) <= {"ts_ms", "ts_us", "ts_ns"} and bool(fields)
+    fields = _fields(value)
+    return fields is not None and fields <= {"ts_ms", "ts_us", "ts_ns"} and bool(fields)
+
+
+def refuse_mongodb(source: Source, what: str) -> None:
+    """MongoDB's events (no `source.table`: a `collection`) are refused by name, before they
+    would be refused as events without a table."""
+    if str(source.connector or "").lower() == "mongodb" or source.collection is not None:
+        raise DebeziumInputError(
+            f"{what} is an event of Debezium's MongoDB connector (source.connector {source.connector!r}, a collection, no "
+            "table): cdc_format=debezium replicates relational tables (PostgreSQL, MySQL, MariaDB, SQL Server, Oracle). "
+            "Write MongoDB's documents flattened by Debezium's ExtractNewDocumentState (add.fields=op,collection) with "
+            "table_column, op_column, operation=cdc and a sequence_column of your own. Nothing was written"
+        )
 
 
 def read_key(key: bytes | str | None, what: str, topic: str | None = None) -> tuple[bytes | msgspec.Raw | None, bytes | None]:

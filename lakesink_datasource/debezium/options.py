@@ -26,6 +26,7 @@ class DebeziumOptions(msgspec.Struct, frozen=True, kw_only=True):
     partition_column: str | None = "partition"
     offset_column: str | None = "offset"
     table_name: str = "{table}"
+    table_name_given: bool = False  # False: the default, which refuses two source tables of one name
     namespace: str | None = None
 
 
@@ -53,5 +54,6 @@ def parse_debezium(raw: Mapping[str, str]) -> DebeziumOptions:
         key_column=given.get("key_column", "key").strip() or "key",
         value_column=given.get("value_column", "value").strip() or "value",
         table_name=template,
+        table_name_given=bool(given.get("table_name", "").strip()),
         namespace=namespace,
     )

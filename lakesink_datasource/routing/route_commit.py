@@ -26,7 +26,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 from lakesink_datasource.catalog import loader
 from lakesink_datasource.catalog.table_transaction import TableTransaction, TransactionAborted, supports_transactions
 from lakesink_datasource.catalog.transient import catalog_call
-from lakesink_datasource.debezium.decode import UNWRITTEN_TRUNCATES
+from lakesink_datasource.debezium.decode import UNWRITTEN_TRUNCATES, check_batch_sources
 from lakesink_datasource.messages import LakeSinkCommitMessage, RoutedTablesMessage
 from lakesink_datasource.table.plan import WritePlan, retry_clock
 
@@ -81,6 +81,8 @@ def commit_routed(
     tables = by_table(messages)
     if not tables:
         return "no table"
+    # Two tasks may each have read one of two source tables of one name (their own topics).
+    check_batch_sources(m.sources for m in messages if isinstance(m, RoutedTablesMessage))
     names = sorted(tables)
     first = tables[names[0]][0]
     # Each table's commit waits on its own clock (its own budgets, in its own thread); the

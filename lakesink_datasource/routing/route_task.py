@@ -22,10 +22,18 @@ from pyiceberg.table import Table
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
-from lakesink_datasource.debezium.decode import OP_COLUMN, Decoded, DecodedTable, decode
+from lakesink_datasource.debezium.decode import (
+    OP_COLUMN,
+    SOURCE_PROPERTY,
+    Decoded,
+    DecodedTable,
+    check_table_source,
+    decode,
+    source_property,
+)
 from lakesink_datasource.debezium.envelope import DebeziumInputError
 from lakesink_datasource.debezium.options import DEFAULT_PLACEHOLDER
-from lakesink_datasource.debezium.positions import POSITION_COLUMN
+from lakesink_datasource.debezium.positions import POSITION_COLUMN, check_stored
 from lakesink_datasource.index import environment
 from lakesink_datasource.index.key_route import NO_ROUTE, ROUTE_COLUMN, misrouted_message, text_misrouted
 from lakesink_datasource.messages import LakeSinkCommitMessage, RoutedTablesMessage
@@ -73,7 +81,7 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
     except BaseException:
         _abandon(done)
         raise
-    return RoutedTablesMessage(written, notes.skipped, notes.change_logs, notes.truncates)
+    return RoutedTablesMessage(written, notes.skipped, notes.change_logs, notes.truncates, notes.sources)
 
 
 # A table's options, rows, check, the truncate its rows end with (cdc_format=debezium), and
@@ -116,6 +124,7 @@ class TaskNotes(msgspec.Struct):
     skipped: dict[str, int] = {}  # records that change no table, by kind
     change_logs: list[str] = []  # tables kept as change logs (no key at the source)
     truncates: dict[str, bytes] = {}  # truncates of tables that did not exist yet: their newest position
+    sources: dict[str, list[str | None]] = {}  # table -> its source table (default table_name: checked across tasks)
 
 
 def _debezium_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> tuple[Incoming, TaskNotes]:
@@ -148,6 +157,9 @@ def _debezium_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> t
     notes = TaskNotes(skipped=decoded.skipped, truncates=decoded.truncates)
     for part in decoded.tables:
         table = found(part.identifier)
+        if part.source is not None:
+            check_table_source(part.identifier, part.source, table.metadata.properties if table is not None else {})
+            notes.sources[part.identifier] = list(part.source)
         keyed = part.keyed
         if table is not None and not table.schema().identifier_field_ids and OP_COLUMN in table.schema().column_names:
             keyed = False  # a change log lakesink made: it stays one
@@ -156,6 +168,8 @@ def _debezium_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> t
                 f"table {part.identifier} has a primary key, but its events in this batch carry no message key: was the "
                 "source table's primary key dropped? Write its events to another table (option table_name). Nothing was written"
             )
+        if table is not None and keyed:
+            check_stored(part.identifier, part.connector, _stored_position_parts(table))
         own = write.options.table_options(part.identifier)
         derived = _derived_options(part, keyed, own)
         # A change log appends its events: what only keyed tables take is left out.
@@ -168,7 +182,7 @@ def _debezium_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> t
         except SchemaError as exc:
             hint = (
                 ". Iceberg cannot change a decimal's scale: the source column's scale changed, so give its events a table of "
-                "their own (option table_name) or change the table first" if "decimal" in str(exc) else ""
+                "their own (option table_name) or change the table first" if _scale_changed(str(exc)) else ""
             )
             raise SchemaError(f"table {part.identifier} (cdc_format=debezium): {exc}{hint}. Nothing was written") from None
         if not keyed:
@@ -181,13 +195,28 @@ def _debezium_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> t
     return incoming, notes
 
 
+def _scale_changed(problem: str) -> bool:
+    """A merge refused for a decimal column whose scale changed (evolution.py's wording): not
+    any error that names a decimal (the list of supported types does)."""
+    return "table type decimal(" in problem and "cannot become decimal(" in problem
+
+
+def _stored_position_parts(table: Table) -> list[str] | None:
+    """The parts of the source positions a keyed table stores (None: none stored yet)."""
+    field = next((f for f in table.schema().fields if f.name == POSITION_COLUMN), None)
+    if field is None or not field.field_type.is_struct:
+        return None
+    return [f.name for f in field.field_type.fields]  # type: ignore[attr-defined]
+
+
 def _derived_options(part: DecodedTable, keyed: bool, own: WriteOptions) -> dict[str, str]:
     """What a table's events decide: a keyed table is written by key in the order of the
     source's log (its op and position), a table without a key appends its events. A new field
     of the source adds a column (the source changed: no merge_schema needed)."""
+    recorded = {f"property.{SOURCE_PROPERTY}": source_property(part.source)} if part.source is not None else {}
     if not keyed:
-        return {"operation": "append", "merge_schema": "true"}
-    derived = {"operation": "cdc", "op_column": OP_COLUMN, "sequence_column": POSITION_COLUMN, "merge_schema": "true"}
+        return {"operation": "append", "merge_schema": "true", **recorded}
+    derived = {"operation": "cdc", "op_column": OP_COLUMN, "sequence_column": POSITION_COLUMN, "merge_schema": "true", **recorded}
     if part.key:
         derived["primary_key"] = ",".join(part.key)
     if own.unavailable_value is None:

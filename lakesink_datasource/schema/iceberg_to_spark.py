@@ -19,8 +19,11 @@ from pyiceberg.types import (
     StructType,
     TimestampType,
     TimestamptzType,
+    TimeType,
 )
 from pyspark.sql import types as T
+
+from lakesink_datasource.schema.spark_types import SPARK_TIME
 
 
 def _spark(t: IcebergType) -> T.DataType:
@@ -39,6 +42,8 @@ def _spark(t: IcebergType) -> T.DataType:
     for cls, spark_type in simple.items():
         if isinstance(t, cls):
             return spark_type
+    if isinstance(t, TimeType) and SPARK_TIME is not None:
+        return SPARK_TIME(6)  # type: ignore[call-arg]  # PySpark 4.1+: time(precision)
     if isinstance(t, DecimalType):
         return T.DecimalType(t.precision, t.scale)
     if isinstance(t, ListType):

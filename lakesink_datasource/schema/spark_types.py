@@ -28,6 +28,7 @@ from pyiceberg.types import (
     StructType,
     TimestampType,
     TimestamptzType,
+    TimeType,
 )
 from pyspark.sql import types as T
 
@@ -40,6 +41,10 @@ class SchemaError(LakesinkError, ValueError):
 
 class UnsupportedTypeError(SchemaError):
     pass
+
+
+# Spark's time of day (PySpark 4.1+; 4.0 has none): Iceberg's `time`, in microseconds.
+SPARK_TIME: type[T.DataType] | None = getattr(T, "TimeType", None)
 
 
 def convert(path: str, dt: T.DataType, ids: Iterator[int]) -> IcebergType:
@@ -65,6 +70,8 @@ def convert(path: str, dt: T.DataType, ids: Iterator[int]) -> IcebergType:
     for spark_cls, iceberg_type in simple:
         if type(dt) is spark_cls:
             return iceberg_type
+    if SPARK_TIME is not None and isinstance(dt, SPARK_TIME):
+        return TimeType()  # Spark's time(p) has p <= 6: microseconds hold it
     if isinstance(dt, T.DecimalType):
         if dt.precision > 38:
             raise UnsupportedTypeError(f"column '{path}': decimal precision {dt.precision} > 38 is not supported")
@@ -86,7 +93,7 @@ def convert(path: str, dt: T.DataType, ids: Iterator[int]) -> IcebergType:
     raise UnsupportedTypeError(
         f"column '{path}' has type {dt.simpleString()}, which lakesink cannot store in Iceberg "
         "(supported: boolean, integral, float, double, decimal, string, binary, date, timestamp, "
-        "timestamp_ntz, array, map, struct)"
+        f"timestamp_ntz{', time' if SPARK_TIME is not None else ''}, array, map, struct)"
     )
 
 

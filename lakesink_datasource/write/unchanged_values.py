@@ -15,6 +15,7 @@ this task must not be in a file yet, `current_rows.py`), and only when a placeho
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -50,17 +51,58 @@ def placeholder_mask(column: pa.Array | pa.ChunkedArray, text: str) -> np.ndarra
     raw = placeholder_bytes(text)
     t = column.type
     if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return _mask(pc.equal(column, raw.decode(errors="replace")))
+        return _mask(pc.is_in(column, value_set=pa.array(_text_forms(raw), t)))
     if pa.types.is_binary(t) or pa.types.is_large_binary(t):
         return _mask(pc.equal(column, pa.scalar(raw, t)))
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        # Debezium's array placeholders: [text], [bytes], the bytes as numbers, [a name-based uuid of them].
-        shapes = [[raw.decode(errors="replace")], [raw], list(raw), [_name_uuid(raw)]]
-        return np.fromiter((v in shapes for v in column.to_pylist()), dtype=bool, count=len(column))
-    if pa.types.is_map(t):
-        text_value = raw.decode(errors="replace")
-        return np.fromiter((v == [(text_value, text_value)] for v in column.to_pylist()), dtype=bool, count=len(column))
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t):
+        forms = _nested_forms(raw, t)
+        return _nested_mask(column, forms) if forms else None
     return None
+
+
+def _text_forms(raw: bytes) -> list[str]:
+    """A text column's placeholders: the text (text, json, xml, uuid, bytea in hex or base64
+    mode...), and an hstore's in `hstore.handling.mode=json` (a one-entry JSON object, as
+    Jackson writes it: no spaces)."""
+    text = raw.decode(errors="replace")
+    return [text, json.dumps({text: text}, ensure_ascii=False, separators=(",", ":"))]
+
+
+def _nested_forms(raw: bytes, t: pa.DataType) -> list[Any]:
+    """The placeholders of a list or map column, as `to_pylist` gives its values: Debezium's
+    `UnchangedToastedPlaceholder` by element type (other arrays have no placeholder: its
+    converter fails on them, and by default sends null)."""
+    text = raw.decode(errors="replace")
+    if pa.types.is_map(t):
+        return [[(text, text)]]  # hstore, hstore.handling.mode=map
+    item = t.value_type
+    if pa.types.is_string(item) or pa.types.is_large_string(item):
+        return [[text], [_name_uuid(raw)]]  # text[], varchar[], char[], json[], jsonb[]; uuid[]
+    if pa.types.is_binary(item) or pa.types.is_large_binary(item):
+        return [[raw]]  # bytea[]
+    if pa.types.is_integer(item) or pa.types.is_date32(item):
+        # integer[], bigint[], date[]: the placeholder's bytes as Java's (signed) numbers; a
+        # date[] holds them as days since 1970-01-01.
+        numbers = pa.array([b - 256 if b > 127 else b for b in raw], pa.int64())
+        return [numbers.cast(pa.int32() if pa.types.is_date32(item) else item).cast(item).to_pylist()]
+    return []
+
+
+def _nested_mask(column: pa.Array | pa.ChunkedArray, forms: list[Any]) -> np.ndarray:
+    """Where a list or map column holds one of `forms`: only values of a form's length are
+    converted to Python to compare."""
+    if pa.types.is_map(column.type):  # no list kernels for maps: their entries' offsets
+        whole = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        sizes = np.diff(np.asarray(whole.offsets.to_numpy(zero_copy_only=False), dtype=np.int64))
+        lengths = np.where(np.asarray(whole.is_valid().to_numpy(zero_copy_only=False), dtype=bool), sizes, -1)
+    else:
+        lengths = np.asarray(pc.fill_null(pc.list_value_length(column), -1).to_numpy(zero_copy_only=False))
+    candidates = np.flatnonzero(np.isin(lengths, [len(f) for f in forms]))
+    mask = np.zeros(len(column), dtype=bool)
+    if len(candidates):
+        values = column.take(pa.array(candidates)).to_pylist()
+        mask[candidates] = np.fromiter((v in forms for v in values), dtype=bool, count=len(candidates))
+    return mask
 
 
 def _mask(result: Any) -> np.ndarray:

@@ -26,6 +26,7 @@ from lakesink_datasource.debezium.connect_schema import (
     arrow_type,
     binary_from_base64,
     convert,
+    nulls_counted,
     read_type,
 )
 from lakesink_datasource.debezium.decode import decode
@@ -160,23 +161,31 @@ def test_a_wrapped_and_a_bare_key_give_the_same_fields() -> None:
 def test_positions_order_each_connector_as_its_log_does() -> None:
     from lakesink_datasource.debezium.decode import encode_position
 
-    def order(connector: str, sources: list[dict], offsets: list[int]) -> list[int]:
-        encoded = encode_position(positions(connector, [Source(**s) for s in sources], offsets))
+    def order(connector: str, sources: list[dict], ops: list[str]) -> list[int]:
+        encoded = encode_position(positions(connector, [Source(**s) for s in sources], ops))
         return sorted(range(len(sources)), key=lambda i: encoded[i])
 
     mysql = [{"file": "mysql-bin.000003", "pos": 9000, "row": 0}, {"file": "mysql-bin.000004", "pos": 4, "row": 0},
-             {"file": "mysql-bin.000003", "pos": 9000, "row": 1}]
-    assert order("mysql", mysql, [0, 1, 2]) == [0, 2, 1]
-    pg = [{"lsn": 200, "sequence": '["150","200"]'}, {"lsn": 100, "sequence": '["50","100"]'}, {"lsn": 200, "sequence": '["150","200"]'}]
-    assert order("postgresql", pg, [5, 1, 9]) == [1, 0, 2]  # a re-sent event (same lsn) comes after by its offset
-    mssql = [{"change_lsn": "00000027:00000758:0003", "commit_lsn": "x", "event_serial_no": 2},
-             {"change_lsn": None, "commit_lsn": "00000027:00000700:0001", "event_serial_no": None},
-             {"change_lsn": "00000027:00000758:0003", "commit_lsn": "x", "event_serial_no": 1}]
-    assert order("sqlserver", mssql, [0, 0, 0]) == [1, 2, 0]  # the snapshot row first
-    oracle = [{"scn": "100000000000000000001"}, {"scn": "99"}]
-    assert order("oracle", oracle, [0, 0]) == [1, 0]  # numbers, not text
+             {"file": "mysql-bin.000003", "pos": 9000, "row": 1}, {"file": "", "pos": 0, "row": 0, "snapshot": "false"}]
+    assert order("mysql", mysql, ["u", "u", "u", "r"]) == [3, 0, 2, 1]  # Flink CDC's snapshot row (no file) first
+    # PostgreSQL: the last commit LSN first; a snapshot read before the first transaction streamed after it.
+    pg = [{"lsn": 200, "sequence": '["150","200"]'}, {"lsn": 100, "sequence": '["50","100"]'}, {"lsn": 90, "sequence": '["50","90"]'},
+          {"lsn": 100, "sequence": '["50","100"]', "snapshot": "last"}]
+    assert order("postgresql", pg, ["u", "u", "u", "r"]) == [3, 2, 1, 0]
+    # An incremental snapshot's read carries the streaming position it was sent at: ordered as streamed.
+    incremental = [{"lsn": 250, "sequence": '["240","250"]', "snapshot": "incremental"}, {"lsn": 245, "sequence": '["240","245"]'}]
+    assert order("postgresql", incremental, ["r", "u"]) == [1, 0]
+    # SQL Server: commit_lsn, then change_lsn (none for a snapshot row), then event_serial_no.
+    mssql: list[dict] = [{"change_lsn": "00000027:00000758:0003", "commit_lsn": "00000027:00000760:0001", "event_serial_no": 2},
+             {"change_lsn": None, "commit_lsn": "00000028:00000700:0001", "event_serial_no": None},
+             {"change_lsn": "00000027:00000758:0003", "commit_lsn": "00000027:00000760:0001", "event_serial_no": 1}]
+    assert order("sqlserver", mssql, ["u", "r", "u"]) == [2, 0, 1]
+    # Oracle: commit SCN (a snapshot row's: its scn) as numbers, not text, then scn.
+    oracle: list[dict] = [{"scn": "100000000000000000001", "commit_scn": "100000000000000000002"}, {"scn": "99", "commit_scn": "120"},
+              {"scn": "100", "commit_scn": None, "snapshot": "true"}]
+    assert order("oracle", oracle, ["u", "u", "r"]) == [2, 1, 0]
     with pytest.raises(DebeziumSchemaError, match=r"source\.connector .mongodb."):
-        positions("mongodb", [Source()], None)
+        positions("mongodb", [Source()], ["c"])
 
 
 def test_the_bulk_read_gives_what_reading_record_by_record_gives() -> None:
@@ -234,3 +243,273 @@ def test_a_base64_column_decodes_as_pythons_base64_does(values: list[bytes | Non
 def test_text_that_is_not_base64_is_refused_naming_the_field(text: str) -> None:
     with pytest.raises(DebeziumSchemaError, match="field 'blob': a bytes value is not base64 text"):
         binary_from_base64(pa.array(["QUJD", text]), "blob")
+
+
+# -- every type as JsonConverter and Debezium write it (issue 59) -------------------------------
+
+
+def _counted(schema: ConnectSchema, json_values: list[object]) -> tuple[list[object], dict[str, int]]:
+    with nulls_counted() as counts:
+        got = _convert(schema, json_values)
+    return got, counts
+
+
+@pytest.mark.parametrize(("name", "arrow"), [("float", pa.float32()), ("double", pa.float64()), ("float32", pa.float32()),
+                                             ("float64", pa.float64()), ("int8", pa.int32()), ("int16", pa.int32())])
+def test_json_converters_own_type_names_are_read(name: str, arrow: pa.DataType) -> None:
+    """Kafka's JsonConverter writes FLOAT32/FLOAT64 as "float"/"double" (its JsonSchema type
+    names); Connect's own names are read too."""
+    assert arrow_type(_field(name)) == arrow
+    assert _convert(_field(name), [1.5 if "float" in name or name == "double" else -7, None])[1] is None
+
+
+def test_zoned_timestamps_take_zero_to_nine_fractional_digits_cut_to_microseconds() -> None:
+    zoned = _field("string", "io.debezium.time.ZonedTimestamp")
+    utc = dt.timezone.utc
+    got = _convert(zoned, [
+        "2024-03-01T10:15:30.1234567+02:00",  # SQL Server datetimeoffset(7)
+        "2024-03-01T10:15:30.0000000Z",
+        "2024-03-01T10:15:30.999999999-05:00",  # Oracle TIMESTAMP(9) WITH TIME ZONE: cut, not rounded
+        "2024-03-01T10:15:30Z", "2024-03-01T10:15:30.1Z", None,
+        "1900-01-01T00:00:00+00:09:21",  # a local mean time offset: Java writes its seconds
+    ])
+    assert got == [
+        dt.datetime(2024, 3, 1, 8, 15, 30, 123456, tzinfo=utc), dt.datetime(2024, 3, 1, 10, 15, 30, tzinfo=utc),
+        dt.datetime(2024, 3, 1, 15, 15, 30, 999999, tzinfo=utc), dt.datetime(2024, 3, 1, 10, 15, 30, tzinfo=utc),
+        dt.datetime(2024, 3, 1, 10, 15, 30, 100000, tzinfo=utc), None, dt.datetime(1899, 12, 31, 23, 50, 39, tzinfo=utc),
+    ]
+
+
+def test_a_column_of_seven_digit_zoned_timestamps_reads_as_one_of_mixed_forms_does() -> None:
+    """SQL Server's datetimeoffset(7) column (every value one layout, some null) is cut to
+    microseconds by position; the same values among other forms are taken apart one by one."""
+    zoned = _field("string", "io.debezium.time.ZonedTimestamp")
+    texts = [None, "2024-03-01T10:15:30.1234567+02:00", "1999-12-31T23:59:59.9999999-08:00", "2024-03-01T10:15:30.0000000Z"]
+    utc = dt.timezone.utc
+    expected = [None, dt.datetime(2024, 3, 1, 8, 15, 30, 123456, tzinfo=utc), dt.datetime(2000, 1, 1, 7, 59, 59, 999999, tzinfo=utc),
+                dt.datetime(2024, 3, 1, 10, 15, 30, tzinfo=utc)]
+    assert _convert(zoned, texts) == expected
+    assert _convert(zoned, [*texts, "2024-03-01T10:15:30.12345678Z"])[:4] == expected
+
+
+def test_zoned_timestamps_past_year_9999_keep_their_instant() -> None:
+    """Debezium's PostgreSQL tests: '21016-11-04T13:51:30.123456+07:00'::TIMESTAMPTZ is
+    `+21016-11-04T06:51:30.123456Z`; 4714-12-31T23:59:59.999999Z BC is `-4713-12-31T...`."""
+    import io
+
+    import pyarrow.json as pj
+
+    zoned = _field("string", "io.debezium.time.ZonedTimestamp")
+    lines = b'{"f": "+21016-11-04T06:51:30.123456Z"}\n{"f": "-4713-12-31T23:59:59.999999Z"}'
+    parsed = pj.read_json(io.BytesIO(lines), parse_options=pj.ParseOptions(explicit_schema=pa.schema([("f", read_type(zoned))])))
+    micros = convert(parsed.column("f").combine_chunks(), zoned).cast(pa.int64()).to_pylist()
+    # The Gregorian calendar repeats every 400 years (146,097 days): 21016 is 9016 and 30 cycles,
+    # -4713 is 87 less 12 cycles.
+    cycle = 146_097
+    days_21016 = (dt.date(9016, 11, 4) - dt.date(1970, 1, 1)).days + 30 * cycle
+    assert micros[0] == (((days_21016 * 24 + 6) * 60 + 51) * 60 + 30) * 1_000_000 + 123456
+    days_before = (dt.date(87, 12, 31) - dt.date(1970, 1, 1)).days - 12 * cycle
+    assert micros[1] == (((days_before * 24 + 23) * 60 + 59) * 60 + 59) * 1_000_000 + 999999
+
+
+def test_a_zoned_timestamp_that_is_no_iso_text_is_refused_naming_the_field() -> None:
+    with pytest.raises(DebeziumSchemaError, match=r"field 'f': ZonedTimestamp '2024-03-01 10:15' is not ISO-8601 text"):
+        _convert(_field("string", "io.debezium.time.ZonedTimestamp"), ["2024-03-01T10:15:30.1234567Z", "2024-03-01 10:15"])
+
+
+def test_postgresql_infinity_is_null_and_counted() -> None:
+    """Debezium's sentinels (PostgreSQL connector, "TIMESTAMP type"; PostgresValueConverter):
+    MicroTimestamp 9223372036825200000 / -9223372036832400000, NanoTimestamp Long.MAX/MIN,
+    ZonedTimestamp `infinity`/`-infinity`, a streamed Date the epoch days of -5877611-06-21/22
+    and a snapshotted one that count wrapped to 32 bits (here -622191233, of 292278994-08-17)."""
+    micro = _field("int64", "io.debezium.time.MicroTimestamp")
+    got, counts = _counted(micro, [9_223_372_036_825_200_000, 1_478_267_490_123_456, -9_223_372_036_832_400_000, None])
+    assert got == [None, dt.datetime(2016, 11, 4, 13, 51, 30, 123456), None, None]
+    assert counts == {"PostgreSQL infinity/-infinity values of column 'f' (stored as null)": 2}
+    nano, counts = _counted(_field("int64", "io.debezium.time.NanoTimestamp"), [(1 << 63) - 1, -(1 << 63), 1_000])
+    assert nano == [None, None, dt.datetime(1970, 1, 1, 0, 0, 0, 1)] and sum(counts.values()) == 2
+    # time.precision.mode=connect: milliseconds, infinity's microseconds a thousandth of them or the count itself.
+    millis, counts = _counted(_field("int64", "org.apache.kafka.connect.data.Timestamp"), [9_223_372_036_825_200, 9_223_372_036_825_200_000, 1])
+    assert millis == [None, None, dt.datetime(1970, 1, 1, 0, 0, 0, 1000)] and sum(counts.values()) == 2
+    zoned, counts = _counted(_field("string", "io.debezium.time.ZonedTimestamp"), ["infinity", "-infinity", "2016-11-04T11:51:30.123456Z"])
+    assert zoned == [None, None, dt.datetime(2016, 11, 4, 11, 51, 30, 123456, tzinfo=dt.timezone.utc)] and sum(counts.values()) == 2
+    dates, counts = _counted(_field("int32", "io.debezium.time.Date"), [-2_147_472_692, -2_147_472_691, -622_191_233, 17_109, -719_162])
+    assert dates == [None, None, None, dt.date(2016, 11, 4), dt.date(1, 1, 1)] and sum(counts.values()) == 3
+
+
+def test_times_outside_a_day() -> None:
+    """PostgreSQL's 24:00:00 (Debezium: MicroTime of one day) is the day's last microsecond;
+    MySQL's TIME durations (-838:59:59 .. 838:59:59) have no time of day: null, counted.
+    PySpark 4.0 keeps every value as its microseconds."""
+    micro_time = _field("int64", "io.debezium.time.MicroTime")
+    hours_838 = ((838 * 60 + 59) * 60 + 59) * 1_000_000
+    got, counts = _counted(micro_time, [86_400_000_000, -hours_838, hours_838, 0, None])
+    if TIME_AS_TIME:
+        assert got == [dt.time(23, 59, 59, 999999), None, None, dt.time(0), None]
+        assert counts == {"TIME values of column 'f' outside 00:00:00-24:00:00 (stored as null)": 2}
+    else:
+        assert got == [86_400_000_000, -hours_838, hours_838, 0, None] and counts == {}
+    nano_time = _field("int64", "io.debezium.time.NanoTime")
+    assert _convert(nano_time, [86_400_000_000_000]) == [dt.time(23, 59, 59, 999999) if TIME_AS_TIME else 86_400_000_000]
+
+
+@pytest.mark.parametrize(("length", "wire", "database"), [
+    (11, [0xC7, 0x07], b"\x07\xc7"),  # MySQL b'11111000111'
+    (64, [0xC7, 0x07, 0, 0, 0, 0, 0, 0], b"\x00\x00\x00\x00\x00\x00\x07\xc7"),
+    # Debezium's PostgreSQL tests (AbstractRecordsProducerTest, bitbin_table): the values it expects on the wire.
+    (24, [1, 2, 3], b"\x03\x02\x01"),  # '000000110000001000000001'::bit(24)
+    (7, [64], b"\x40"),  # '1'::bit(7), '1000000'
+    (64, [0, 0, 0, 0, 0, 0, 0, 0x80], b"\x80" + b"\x00" * 7),  # '1' and 63 zeros, ::bit(64)
+    (2, [], b"\x00"),  # '00'::bit(2): sent without bytes
+    ((1 << 31) - 1, [1, 2, 35, 0xDA, 1], b"\x01\xda\x23\x02\x01"),  # bit varying without a length: its own bytes
+])
+def test_bits_are_stored_in_the_databases_byte_order(length: int, wire: list[int], database: bytes) -> None:
+    bits = _field("bytes", "io.debezium.data.Bits", parameters={"length": str(length)})
+    assert _convert(bits, [base64.b64encode(bytes(wire)).decode(), None]) == [database, None]
+
+
+def test_decimals_past_38_digits_are_refused_naming_the_column() -> None:
+    wide = _field("bytes", "org.apache.kafka.connect.data.Decimal", parameters={"scale": "0", "connect.decimal.precision": "65"})
+    assert _convert(wide, [_b64(10**38 - 1), _b64(-(10**38 - 1))]) == [decimal.Decimal(10**38 - 1), decimal.Decimal(-(10**38 - 1))]
+    for value in (10**38, -(10**38), 2**127 - 1, -(2**127), 10**60):
+        with pytest.raises(DebeziumSchemaError, match=r"column 'f': a decimal value has more than 38 digits.*decimal\.handling\.mode=string"):
+            _convert(wide, [_b64(1), _b64(value)])
+    # JsonConverter's decimal.format=NUMERIC: the same values as JSON numbers.
+    import io
+
+    import pyarrow.json as pj
+
+    numbers = b'{"f": 99999999999999999999999999999999999999}\n{"f": 100000000000000000000000000000000000000}'
+    parsed = pj.read_json(io.BytesIO(numbers), parse_options=pj.ParseOptions(explicit_schema=pa.schema([("f", read_type(wide, True))])))
+    with pytest.raises(DebeziumSchemaError, match=r"column 'f': a decimal value has more than 38 digits.*decimal\.handling\.mode=string"):
+        convert(parsed.column("f").combine_chunks(), wide)
+    assert convert(parsed.column("f").combine_chunks().slice(0, 1), wide).to_pylist() == [decimal.Decimal(10**38 - 1)]
+    scaled = _field("bytes", "org.apache.kafka.connect.data.Decimal", parameters={"scale": "40", "connect.decimal.precision": "65"})
+    with pytest.raises(DebeziumSchemaError, match=r"column 'f' is a decimal of scale 40.*decimal\.handling\.mode=string"):
+        arrow_type(scaled)
+
+
+def test_the_values_stored_as_null_are_counted_with_the_skipped_records() -> None:
+    """The count reaches the batch's progress line through `Decoded.skipped`, read in bulk or
+    one by one alike."""
+    from lakesink_datasource.debezium import envelope
+
+    fields = [{"type": "int32", "optional": False, "field": "id"}, {"type": "string", "optional": True, "field": "until",
+                                                                    "name": "io.debezium.time.ZonedTimestamp"}]
+    row = {"type": "struct", "optional": True, "fields": fields}
+    schema = {"type": "struct", "fields": [{**row, "field": "before"}, {**row, "field": "after"},
+                                           {"type": "struct", "field": "source", "fields": []}, {"type": "string", "field": "op"}]}
+    key_schema = {"type": "struct", "fields": fields[:1]}
+
+    def record(i: int, until: str) -> tuple[bytes, bytes]:
+        source = {"connector": "postgresql", "db": "d", "schema": "public", "table": "t", "lsn": 100 + i, "sequence": f'["90","{100 + i}"]'}
+        value = {"schema": schema, "payload": {"op": "c", "before": None, "after": {"id": i, "until": until}, "source": source}}
+        return json.dumps({"schema": key_schema, "payload": {"id": i}}).encode(), json.dumps(value).encode()
+
+    made = [record(i, until) for i, until in enumerate(["infinity", "2024-01-01T00:00:00Z", "-infinity", "infinity"])]
+    records = pa.table({"key": [k for k, _ in made], "value": [v for _, v in made], "topic": ["t"] * 4,
+                        "partition": pa.array([0] * 4, pa.int32()), "offset": pa.array(range(4), pa.int64())})
+    for bulk in (False, True):
+        envelope._PREFIXES.clear()
+        envelope._KEY_PREFIXES.clear()
+        decoded = decode(records, DebeziumOptions(namespace="r"), lambda _: None, bulk=bulk)
+        assert decoded.skipped == {"PostgreSQL infinity/-infinity values of column 'until' (stored as null)": 3}, bulk
+        assert decoded.tables[0].rows.column("until").null_count == 3
+
+
+def _kafka(values: list[dict], keys: list[dict], topic: str) -> pa.Table:
+    """Spark's Kafka rows of these values and keys (JSON), partition 0, offsets in order."""
+    n = len(values)
+    return pa.table({"key": [json.dumps(k).encode() for k in keys], "value": [json.dumps(v).encode() for v in values],
+                     "topic": [topic] * n, "partition": pa.array([0] * n, pa.int32()), "offset": pa.array(range(n), pa.int64())})
+
+
+def _decoded_both_ways(records: pa.Table, existing: pa.Schema | None = None) -> list[pa.Table]:
+    """The one table's rows read in bulk (once a topic's first record taught its prefix) and
+    record by record."""
+    from lakesink_datasource.debezium import envelope
+
+    out = []
+    for bulk in (True, False):
+        envelope._PREFIXES.clear()
+        envelope._KEY_PREFIXES.clear()
+        decoded = decode(records, DebeziumOptions(namespace="r"), lambda _: existing, bulk=bulk)
+        assert len(decoded.tables) == 1
+        out.append(decoded.tables[0].rows)
+    return out
+
+
+def _pg_source(i: int) -> dict:
+    return {"connector": "postgresql", "db": "d", "schema": "public", "table": "t", "lsn": 100 + i, "sequence": f'["90","{100 + i}"]'}
+
+
+def test_text_without_schemas_stays_text_and_fields_no_value_types_are_no_columns() -> None:
+    """Without schemas a string is a string (Arrow's reader would make timestamps of ISO
+    dates), and a field null or empty in every event has no type: no column, unless the table
+    has it already (then it is read in the table's type)."""
+    rows = [
+        {"id": 1, "ship": "1992-06-22", "at": "2024-01-01T00:00:00", "tags": [], "gone": None,
+         "geo": {"wkb": "AQ==", "srid": None}, "days": ["2020-01-01"]},
+        {"id": 2, "ship": "1993-11-07", "at": "2024-01-02T10:00:00", "tags": [], "gone": None,
+         "geo": {"wkb": "Ag==", "srid": None}, "days": []},
+    ]
+    values = [{"op": "r", "before": None, "after": r, "source": _pg_source(i)} for i, r in enumerate(rows)]
+    records = _kafka(values, [{"id": r["id"], "ship": r["ship"]} for r in rows], "t")
+    for got in _decoded_both_ways(records):
+        assert got.schema.field("ship").type == pa.string() and got.schema.field("at").type == pa.string()
+        assert got.column("ship").to_pylist() == ["1992-06-22", "1993-11-07"]
+        assert got.column("at").to_pylist() == ["2024-01-01T00:00:00", "2024-01-02T10:00:00"]
+        assert "tags" not in got.column_names and "gone" not in got.column_names
+        assert got.schema.field("geo").type == pa.struct([("wkb", pa.string())])
+        assert got.column("days").to_pylist() == [["2020-01-01"], []]
+    # The table has the columns already: its types read them (an empty list, a null).
+    table = pa.schema([("id", pa.int64()), ("tags", pa.list_(pa.int64())), ("gone", pa.float64())])
+    for got in _decoded_both_ways(records, table):
+        assert got.schema.field("tags").type == pa.list_(pa.int64()) and got.column("tags").to_pylist() == [[], []]
+        assert got.schema.field("gone").type == pa.float64() and got.column("gone").to_pylist() == [None, None]
+        assert got.column("ship").to_pylist() == ["1992-06-22", "1993-11-07"]
+
+
+def test_json_converters_nan_and_infinity_texts_are_floats() -> None:
+    """JsonConverter (Jackson) writes a double's NaN and infinities as the texts "NaN",
+    "Infinity", "-Infinity": a float or double column reads them as those floats, in bulk and
+    record by record; a string column keeps the same text as text."""
+    import math
+
+    fields = [
+        {"type": "int32", "optional": False, "field": "id"}, {"type": "double", "optional": True, "field": "d"},
+        {"type": "float", "optional": True, "field": "f"}, {"type": "string", "optional": True, "field": "s"},
+        {"type": "array", "items": {"type": "double", "optional": True}, "optional": True, "field": "l"},
+    ]
+    row = {"type": "struct", "optional": True, "fields": fields}
+    schema = {"type": "struct", "fields": [{**row, "field": "before"}, {**row, "field": "after"},
+                                           {"type": "struct", "field": "source", "fields": []}, {"type": "string", "field": "op"}]}
+    key_schema = {"type": "struct", "fields": fields[:1]}
+    after = [
+        {"id": 0, "d": 1.5, "f": "NaN", "s": "NaN", "l": [1.0]},
+        {"id": 1, "d": "NaN", "f": 2.5, "s": "Infinity", "l": ["Infinity", 2.0]},
+        {"id": 2, "d": "Infinity", "f": "-Infinity", "s": "x", "l": []},
+        {"id": 3, "d": "-Infinity", "f": "Infinity", "s": "-Infinity", "l": ["-Infinity", "NaN"]},
+    ]
+    values = [{"schema": schema, "payload": {"op": "c", "before": None, "after": a, "source": _pg_source(i)}} for i, a in enumerate(after)]
+    keys = [{"schema": key_schema, "payload": {"id": a["id"]}} for a in after]
+    inf = math.inf
+    for got in _decoded_both_ways(_kafka(values, keys, "t")):
+        d, f, lists = got.column("d").to_pylist(), got.column("f").to_pylist(), got.column("l").to_pylist()
+        assert d[0] == 1.5 and math.isnan(d[1]) and d[2:] == [inf, -inf]
+        assert math.isnan(f[0]) and f[1:] == [2.5, -inf, inf]
+        assert got.column("s").to_pylist() == ["NaN", "Infinity", "x", "-Infinity"]
+        assert lists[:3] == [[1.0], [inf, 2.0], []] and lists[3][0] == -inf and math.isnan(lists[3][1])
+        assert got.schema.field("d").type == pa.float64() and got.schema.field("f").type == pa.float32()
+    # Without schemas: a field whose other values are numbers, or that the table has as a
+    # double, is a double; a field of texts only is text.
+    plain = [{"op": "c", "before": None, "after": {"id": a["id"], "d": a["d"], "s": a["s"], "e": "NaN"}, "source": _pg_source(i)}
+             for i, a in enumerate(after)]
+    plain_keys = [{"id": a["id"]} for a in after]
+    for got in _decoded_both_ways(_kafka(plain, plain_keys, "u")):
+        d = got.column("d").to_pylist()
+        assert got.schema.field("d").type == pa.float64() and d[0] == 1.5 and math.isnan(d[1]) and d[2:] == [inf, -inf]
+        assert got.column("s").to_pylist() == ["NaN", "Infinity", "x", "-Infinity"]
+        assert got.column("e").to_pylist() == ["NaN"] * 4
+    for got in _decoded_both_ways(_kafka(plain, plain_keys, "u"), pa.schema([("id", pa.int64()), ("e", pa.float64())])):
+        assert got.schema.field("e").type == pa.float64() and all(math.isnan(v) for v in got.column("e").to_pylist())
