@@ -1,8 +1,9 @@
 """The columns of a history table (`history=true`), planned before anything is written.
 
-Every version of a key is a row with `__start_at` and `__end_at`: the sequence (the first
-sequence column's type and values) it started and ended at, or, without a sequence column,
-the time of the batch that made it (timestamptz). A table lakesink creates with `history`
+Every version of a key is a row with `__start_at` and `__end_at`: the sequence it started and
+ended at (one sequence column: its type and values; several: a struct of them, named and
+ordered as `sequence_column` gives them), or, without a sequence column, the time of the batch
+that made it (timestamptz). A table lakesink creates with `history`
 gets both; an existing table must have them (lakesink does not turn a table of current rows
 into a history: its rows' starts are unknown).
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import time
 
 from pyiceberg.schema import Schema
-from pyspark.sql.types import StructField, StructType, TimestampType
+from pyspark.sql.types import DataType, StructField, StructType, TimestampType
 
 from lakesink_datasource.options import OptionError, WriteOptions
 from lakesink_datasource.table.plan import HistoryPlan
@@ -38,12 +39,16 @@ def check_history_options(options: WriteOptions, spark_schema: StructType) -> No
 
 
 def bound_field_type(options: WriteOptions, spark_schema: StructType) -> StructField:
-    """The Spark type of the bounds: the first sequence column's, else timestamptz."""
+    """The Spark type of the bounds: the sequence column's, a struct of the sequence columns
+    when there are several (a version is bounded by the whole position, not by its first
+    part), else timestamptz."""
     if options.sequence_column:
-        first = options.sequence_column[0].lower()
-        field = next((f for f in spark_schema.fields if f.name.lower() == first), None)
-        if field is not None:
-            return StructField(START, field.dataType, True)
+        by_name = {f.name.lower(): f for f in spark_schema.fields}
+        fields = [by_name.get(c.lower()) for c in options.sequence_column]
+        if all(f is not None for f in fields):
+            found = [f for f in fields if f is not None]
+            kind: DataType = found[0].dataType if len(found) == 1 else StructType([StructField(f.name, f.dataType, True) for f in found])
+            return StructField(START, kind, True)
     return StructField(START, TimestampType(), True)
 
 

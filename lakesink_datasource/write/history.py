@@ -8,11 +8,13 @@ and keeps the sequence of the last change applied to the key. Per key shard, und
 - reads the current versions of the chunk's keys from their data files (`current_rows.py`);
   a key with a change older than its last (a late event) has all of its versions read from
   the table's live files (`scan_versions`);
-- applies each key's changes (in sequence order, one per sequence) to its versions by the
-  rules tests/history_model.py states in plain Python: a change of tracked columns ends the
-  current version and starts one, a change of others updates it in place, a delete ends it,
-  a late change splits the version it falls in (or fills a deleted period before a later
-  version), a re-sent change does nothing;
+- applies each key's changes (in sequence order, one per sequence) to its versions, the
+  rules of docs/usage.md's history section (tests/scd2_model.py is an independent model of
+  them): a change of tracked columns ends the current version and starts one, a change of
+  others (or of none) updates it in place and becomes the key's newest, a delete ends it, a
+  late change splits the version it falls in (taking it up again where a later change of
+  equal values extended it) or fills a deleted period before a later version, a re-sent
+  change does nothing;
 - gives back the versions that changed: each is hidden where it was and written as it is
   now, and the new current version is what the index points at.
 
@@ -69,17 +71,24 @@ class Versions:
 
     def __init__(
         self, changes: pa.Table, existing: pa.Table, change_bounds: pa.Array, start: str, end: str, tracked: Sequence[str],
-        data: Sequence[str], partial: bool,
+        data: Sequence[str], partial: bool, existing_latest: pa.Array | None = None, sequenced: bool = True,
     ) -> None:
         self.n, self.m = changes.num_rows, existing.num_rows
         self.changes, self.existing = changes, existing
+        starts = existing.column(start).combine_chunks()
         # bounds: each change's (the sequence it starts a version at), each existing row's
-        # start, then its end; `open` is the null bound of a current version.
+        # start, its end, the sequence of the last change it took (a version a change of
+        # equal values extended keeps that change's sequence: a late change before it must
+        # not run past it); `open` is the null bound of a current version.
         self.bounds = pa.concat_arrays([
-            change_bounds, existing.column(start).combine_chunks(), existing.column(end).combine_chunks(), pa.nulls(1, change_bounds.type),
+            change_bounds, starts, existing.column(end).combine_chunks(),
+            existing_latest if existing_latest is not None else starts, pa.nulls(1, change_bounds.type),
         ])
-        self.open = self.n + 2 * self.m
+        self.open = self.n + 3 * self.m
         self.tracked, self.data, self.partial = list(tracked), list(data), partial
+        # Without a sequence no change is late: a change of nothing but the batch's time
+        # leaves its version's row alone (a nightly snapshot rewrites no unchanged row).
+        self.sequenced = sequenced
         # What the one-by-one rules compare: made when a key first needs them (most chunks
         # have none, see `decide`).
         self._order: list[bytes | None] | None = None
@@ -102,6 +111,11 @@ class Versions:
         start, end = self.n + row, self.n + self.m + row
         return Version(start, end if self.order[end] is not None else self.open, self.n + row, row)
 
+    def latest(self, value: int) -> int:
+        """The bound of the last change a version's values took: a change's own, an existing
+        row's recorded one."""
+        return value if value < self.n else self.n + 2 * self.m + (value - self.n)
+
     def _same(self, a: int, b: int, columns: Sequence[str]) -> bool:
         return all(self._column(c)[a] == self._column(c)[b] for c in columns)
 
@@ -114,14 +128,15 @@ class Versions:
 
     def apply(self, versions: list[Version], last: bytes | None, changes: Sequence[tuple[int, bytes | None, bool]]) -> KeyOutcome:
         """A key's versions (by start) after its changes: (change row, sequence, delete), in
-        sequence order, one per sequence."""
+        sequence order, one per sequence. Every change counts, one equal to the current
+        version's values too: it is the key's newest, and the version keeps its sequence."""
         out = KeyOutcome(sorted(versions, key=lambda v: self.order[v.start] or b""), last)
         for row, seq, delete in changes:
             if out.last is not None and seq == out.last:
                 continue  # re-sent
             if out.last is None or seq is None or seq > out.last:
-                if self._in_order(out.versions, row, delete):
-                    out.last = seq
+                self._in_order(out.versions, row, delete)
+                out.last = seq
             else:
                 self._late(out, row, delete)
         return out
@@ -129,39 +144,46 @@ class Versions:
     def _current(self, versions: list[Version]) -> Version | None:
         return next((v for v in versions if v.end == self.open), None)
 
-    def _in_order(self, versions: list[Version], row: int, delete: bool) -> bool:
-        """A change newer than the key's last one; False when it changes nothing."""
+    def _in_order(self, versions: list[Version], row: int, delete: bool) -> None:
+        """A change newer than the key's last one."""
         current = self._current(versions)
         if delete:
             if current is not None:
                 current.end, current.changed = row, True
-            return True
+            return
         if current is not None and self._same(current.value, row, self.tracked):
-            if self._same(current.value, row, self.data):
-                return False  # nothing but the sequence differs (a re-sent event with a new offset)
-            current.value, current.changed = row, True  # in place: the version keeps its start
-            return True
+            # In place: the version keeps its start and takes the change's values (equal ones
+            # too: the row then records the change's sequence, which a late change must see).
+            if self.sequenced or not self._same(current.value, row, self.data):
+                current.value, current.changed = row, True
+            return
         if current is not None:
             current.end, current.changed = row, True
         versions.append(Version(row, self.open, row, None, True))
-        return True
 
     def _late(self, out: KeyOutcome, row: int, delete: bool) -> None:
         versions = out.versions
+        if any(v.end != self.open and self.order[v.end] == self.order[row] for v in versions):
+            return  # re-sent: a version ends there, at the change (a delete, or the next version's start) once applied
         holding = next((v for v in versions if not self._before(row, v.start) and self._before(row, v.end)), None)
         if holding is not None:
-            if self.order[holding.start] == self.order[row]:
+            latest = self.latest(holding.value)
+            if self.order[holding.start] == self.order[row] or self.order[latest] == self.order[row]:
                 return  # re-sent
-            if holding.end == self.open and self.partial:
-                return  # with untracked columns the current version took newer values in place
-            if delete:
-                holding.end, holding.changed = row, True
-                return
-            if self._same(holding.value, row, self.tracked):
-                return
+            if not delete and self._same(holding.value, row, self.tracked):
+                return  # equal values: the version goes on
             was = holding.end
             holding.end, holding.changed = row, True
-            self._insert(out, Version(row, was, row, None, True))
+            if self._before(row, latest) and self._before(latest, was):
+                # A change of equal values extended the version after the late one: the
+                # version takes up again there.
+                resumed = Version(latest, was, holding.value, None, True)
+                if not delete:
+                    self._insert(out, Version(row, latest, row, None, True))
+                self._insert(out, resumed)
+                return
+            if not delete:
+                self._insert(out, Version(row, was, row, None, True))
             return
         later = [v for v in versions if self._before(row, v.start)]
         if delete or not later:
@@ -354,7 +376,7 @@ def _decide_simple(
     for j in np.flatnonzero(alive).tolist():
         current[j] = existing_of[int(keys[j])][0]
     tracked_same = np.zeros(k, dtype=bool)
-    data_same = np.zeros(k, dtype=bool)
+    data_same = np.zeros(k, dtype=bool)  # without a sequence: equal in every column (nothing to write)
     compared = np.flatnonzero(alive & ~delete)
     if len(compared):
         new = v.changes.take(pa.array(row[compared]))
@@ -362,13 +384,18 @@ def _decide_simple(
         same_tracked = np.ones(len(compared), dtype=bool)
         for c in v.tracked:
             same_tracked &= unchanged(new.column(c).combine_chunks(), old.column(c).combine_chunks())
-        same_data = same_tracked.copy()
-        for c in v.data:
-            if c not in v.tracked:
-                same_data &= unchanged(new.column(c).combine_chunks(), old.column(c).combine_chunks())
-        tracked_same[compared], data_same[compared] = same_tracked, same_data
+        tracked_same[compared] = same_tracked
+        if not v.sequenced:
+            same_data = same_tracked.copy()
+            for c in v.data:
+                if c not in v.tracked:
+                    same_data &= unchanged(new.column(c).combine_chunks(), old.column(c).combine_chunks())
+            data_same[compared] = same_data
     opens = ~delete & ~(alive & tracked_same)  # a new version starts at the change
-    in_place = ~delete & alive & tracked_same & ~data_same  # the current version takes the change's values
+    # The current version takes the change's values, equal ones too where there is a
+    # sequence: its row then records the change's sequence (the key's newest, which a late
+    # change must be placed before).
+    in_place = ~delete & alive & tracked_same & ~data_same
     closes = alive & (delete | ~tracked_same)  # the current version ends at the change
     n, m = v.n, v.m
     values = np.concatenate([current[closes] + n, row[opens], row[in_place]])
@@ -380,10 +407,9 @@ def _decide_simple(
     # A delete leaves its key without a current version: a tombstone (the index keeps the
     # delete's sequence), for a key that had one or a sequence it had not seen.
     tombstones = [(int(keys[j]), int(row[j]), runs.sequence(int(row[j]))) for j in np.flatnonzero(delete).tolist()]
-    # Every change here counts as its key's last, but one that changed nothing.
-    counted = np.flatnonzero(~(~delete & alive & data_same))
+    # Every change here counts as its key's last.
     del m
-    return _Part(values, starts, ends, is_current, owner, hidden, tombstones, keys[counted], runs.sequences_of(row[counted]))
+    return _Part(values, starts, ends, is_current, owner, hidden, tombstones, keys, runs.sequences_of(row))
 
 
 def _decide_each(

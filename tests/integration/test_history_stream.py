@@ -1,5 +1,5 @@
 """A history stream (issue 55) through Spark, SIGKILLed at the windows that matter and
-restarted: the table equals its plain model (tests/history_model.py) in DuckDB and pyiceberg,
+restarted: the table equals an independent SCD type 2 model (tests/scd2_model.py) in DuckDB and pyiceberg,
 no batch twice, every key with one current version."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from history_model import HistoryModel
 from lakesink_testing import duckdb_rows, load, pyiceberg_rows
+from scd2_model import Change, history
 
 from lakesink_datasource.check import check_table
 from lakesink_datasource.iceberg.summary_keys import EPOCH_ID
@@ -28,11 +28,12 @@ COLUMNS = ["id", "v", "__start_at", "__end_at"]
 pytestmark = pytest.mark.slow
 
 
-def make_changes(folder: Path, batches: int = 5) -> HistoryModel:
-    """Changes of keys 0-19, some late (a sequence below one the key saw), one file a batch."""
+def make_changes(folder: Path, batches: int = 5) -> Counter:
+    """Changes of keys 0-19, some late (a sequence below one the key saw), one file a batch;
+    returns the model's versions as rows of COLUMNS."""
     rng = random.Random(55)
     folder.mkdir(parents=True)
-    model = HistoryModel(None, ["v", "seq"], ["seq"])
+    changes: list[list[Change]] = []
     seq = 100
     for b in range(batches):
         rows = []
@@ -46,16 +47,12 @@ def make_changes(folder: Path, batches: int = 5) -> HistoryModel:
         # Unique sequences per key: a re-sent change is its own case (tested in tests/unit).
         seen: set[tuple[int, int]] = set()
         rows = [r for r in rows if (r["id"], r["seq"]) not in seen and not seen.add((r["id"], r["seq"]))]
-        by_key: dict[int, list[dict]] = {}
-        for r in rows:
-            by_key.setdefault(r["id"], []).append(r)
-        for key, changes in by_key.items():
-            for r in sorted(changes, key=lambda r: r["seq"]):
-                model.apply(key, r["seq"], r["op"] == "d", None if r["op"] == "d" else {"v": r["v"], "seq": r["seq"]})
+        changes.append([Change(r["id"], (r["seq"],), "delete", None) if r["op"] == "d" else Change(r["id"], (r["seq"],), "upsert", {"v": r["v"]})
+                        for r in rows])
         path = folder / f"{b:03d}.parquet"
         pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path)
         os.utime(path, (1_700_000_000 + b * 10, 1_700_000_000 + b * 10))
-    return model
+    return Counter((v.key, v.values["v"], v.start[0], None if v.end is None else v.end[0]) for v in history(changes))
 
 
 def run(tmp_path: Path, warehouse: str, faults: list[dict] | None) -> int:
@@ -75,12 +72,11 @@ def run(tmp_path: Path, warehouse: str, faults: list[dict] | None) -> int:
 
 
 def test_a_history_stream_survives_sigkills_with_every_version_exact(tmp_path: Path, warehouse: str) -> None:
-    model = make_changes(tmp_path / "source")
+    expected = make_changes(tmp_path / "source")
     assert run(tmp_path, warehouse, [{"point": "after_commit", "batch": 1, "action": "kill"}]) == -signal.SIGKILL
     assert run(tmp_path, warehouse, [{"point": "before_commit", "batch": 3, "action": "kill"}]) == -signal.SIGKILL
     assert run(tmp_path, warehouse, None) == 0
     table = load(warehouse, "db.hist")
-    expected = model.rows("id", COLUMNS)
     assert pyiceberg_rows(table, COLUMNS) == expected
     assert duckdb_rows(table.metadata_location, COLUMNS) == expected
     assert check_table(table) == []
