@@ -24,13 +24,19 @@ back (catalog/sql_commit.py). "catalog_call": a SQL catalog is about to be asked
 (a table's load, a compare-and-swap), with the table's name; the action "refuse" raises
 ConnectionRefusedError there (a catalog that is away: nothing was asked). A rule with
 "table" fires only at points of that table ("before_commit", "after_commit",
-"catalog_call": one table of a routed write).
+"catalog_call": one table of a routed write). "raise_pickled" raises an exception the test
+built and pickled (with pyspark's cloudpickle, so a class the test defines travels by
+value), base64 in "errors": with "nth", the one at the position of this hit among them
+(tests: every exception type a catalog's clients raise, after the catalog applied a commit).
+"catalog_updated" fires on every catalog: after a REST catalog's commit answered too.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import pickle
 import signal
 import subprocess
 
@@ -95,6 +101,10 @@ def fault_point(point: str, batch_id: int | None = None, table: str | None = Non
         if rule.get("once"):
             _rewrite(path, rules[:i] + rules[i + 1 :])
         action = rule.get("action")
+        if action == "raise_pickled":
+            errors = rule["errors"]
+            which = rule["nth"].index(rule["hits"]) if "nth" in rule else 0
+            raise pickle.loads(base64.b64decode(errors[which % len(errors)]))
         if action == "kill":
             _kill_everything()
         elif action == "kill_executor":

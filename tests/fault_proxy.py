@@ -4,7 +4,9 @@
 endpoint). Each request is matched against the rules in order; a rule that fires either
 forwards the request, lets the server apply it and then loses the answer (`503`: answers
 503 instead; `close`: closes the connection without answering; `timeout`: holds the
-answer for `hold` seconds, longer than the client waits, then closes), or answers without
+answer for `hold` seconds, longer than the client waits, then closes; `half`: sends the
+server's status and headers, which promise the whole body, then half the body, then closes;
+`html502`: answers a load balancer's HTML 502 page instead), or answers without
 forwarding (`slowdown`: S3's 503 SlowDown, as a throttling store does). Requests no rule
 fires on are forwarded as they are (the Host header kept: S3 signatures cover it).
 
@@ -35,7 +37,7 @@ class Rule:
 
     methods: str | None  # "PUT,GET,...", None: any
     path: re.Pattern[str]
-    action: str  # 503 | close | timeout | slowdown
+    action: str  # 503 | close | timeout | half | html502 | slowdown
     fires: Callable[[int], bool]
     hold: float = 0.0  # timeout: seconds the answer is held
     seen: int = 0
@@ -94,6 +96,22 @@ class HttpFaultProxy:
                     self._answer(503, b'{"error": {"message": "service unavailable", "type": "ServiceUnavailableException", '
                                  b'"code": 503}}', "application/json")
                     return
+                if rule.action == "html502":
+                    self._answer(502, b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+                                 b"<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n"
+                                 b"</body>\r\n</html>\r\n", "text/html")
+                    return
+                if rule.action == "half":
+                    # The headers promise the whole answer; half of it arrives, then the
+                    # connection closes (a proxy or server cut off mid-answer).
+                    self.send_response(status)
+                    for key, value in headers:
+                        if key.lower() not in _HOP and key.lower() != "content-length":
+                            self.send_header(key, value)
+                    self.send_header("Content-Length", str(len(answer)))
+                    self.end_headers()
+                    self.wfile.write(answer[: len(answer) // 2])
+                    self.wfile.flush()
                 if rule.action == "timeout":
                     time.sleep(rule.hold)
                 self.close_connection = True

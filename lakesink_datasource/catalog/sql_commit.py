@@ -91,7 +91,9 @@ def commit(table: Table, requirements: tuple[TableRequirement, ...], updates: tu
     if not _fast(catalog):
         fault_point("catalog_call", table=".".join(table.name()))
         with v3_metadata_writes():
-            return catalog.commit_table(table, requirements, updates)
+            response = catalog.commit_table(table, requirements, updates)
+        fault_point("catalog_updated", table=".".join(table.name()))  # tests: the commit applied, its answer is lost
+        return response
     (response,) = swap_together([prepare_swap(table, requirements, updates)])
     return response
 

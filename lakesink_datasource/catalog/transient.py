@@ -11,13 +11,20 @@ bad credentials) is raised at once.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection
 from typing import TypeVar
 
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+
+from lakesink_datasource.catalog import sql_commit
 from lakesink_datasource.catalog.errors import CatalogUnavailable
 from lakesink_datasource.iceberg.retry import Exhausted, Failure, RetryClock, Spent, first_line
 
-__all__ = ["catalog_call", "catalog_unavailable", "first_line"]
+__all__ = ["catalog_call", "catalog_unavailable", "first_line", "read_back"]
+
+log = logging.getLogger("lakesink")
 
 T = TypeVar("T")
 
@@ -43,3 +50,14 @@ def catalog_call(
     """`call()` to `catalog` (`what` it does: "loading table db.t"), retried within the
     operation's budgets."""
     return clock.run(call, doing=what, retry_on=retry_on, exhausted=catalog_unavailable(catalog))
+
+
+def read_back(catalog: Catalog, identifier: str, *, what: str, clock: RetryClock) -> Table | None:
+    """The table read after a commit that failed in a way that does not say whether it
+    applied (on the operation's clock: a budget already spent leaves one read); None when it
+    cannot be read, and the outcome stays unknown (the caller keeps the commit's files)."""
+    try:
+        return clock.run(lambda: sql_commit.load_table(catalog, identifier), doing=f"{what}, reading the table back")
+    except Exception as exc:  # noqa: BLE001 - unknown it stays
+        log.warning("lakesink: %s: the table could not be read to see whether the commit landed (%s)", what, first_line(exc))
+        return None

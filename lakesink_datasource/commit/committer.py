@@ -7,7 +7,13 @@ the commit messages. Exactly-once rests on three rules:
 2. the catalog commit is a compare-and-swap on the main branch's snapshot id, so a
    concurrent writer can never be overwritten: on a lost race the snapshot is rebuilt
    on top of the new state and retried;
-3. abort only deletes files of a write that provably did not land.
+3. abort only deletes files of a write that provably did not land, and the commit only the
+   files of attempts the catalog refused: after any other error, whatever its type, the
+   table is read to see whether an attempt landed (the one commit loop,
+   catalog/commit_loop.py, as every commit of lakesink).
+
+`commit_write` reads as Iceberg Java's `SnapshotProducer.commit`: the replay check, the row
+delta built, the summary, the commit.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyspark
 from pyiceberg.catalog import Catalog
+from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
@@ -28,13 +35,16 @@ from pyroaring import BitMap64
 
 from lakesink_datasource.arrays import unique_sorted
 from lakesink_datasource.catalog import loader, sql_commit
+from lakesink_datasource.catalog.commit_loop import CommitLoop
 from lakesink_datasource.catalog.errors import CatalogError, CatalogUnavailable
 from lakesink_datasource.catalog.table_transaction import TableTransaction
 from lakesink_datasource.catalog.transient import catalog_call
 from lakesink_datasource.commit import cleanup
 from lakesink_datasource.commit.data_files import data_file
 from lakesink_datasource.commit.deletion_vectors import PendingDeletes
+from lakesink_datasource.commit.history_truncate import end_versions_at
 from lakesink_datasource.commit.key_conflicts import KeyRules
+from lakesink_datasource.commit.lost_answer import can_still_land
 from lakesink_datasource.commit.overwrite import OverwriteScope
 from lakesink_datasource.commit.schema_update import schema_updates
 from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProducer
@@ -49,7 +59,7 @@ from lakesink_datasource.iceberg.gc import GC_OFF_NOTE
 from lakesink_datasource.iceberg.live_files import live_data_files
 from lakesink_datasource.iceberg.partition_key import decode_partition
 from lakesink_datasource.iceberg.properties import TOMBSTONE_MAX_SEQUENCE, TRUNCATED_BEFORE, TableSettings
-from lakesink_datasource.iceberg.retry import Failure, RetryClock, RetryPolicy, Spent
+from lakesink_datasource.iceberg.retry import Exhausted, Failure, RetryClock, RetryPolicy, Spent
 from lakesink_datasource.messages import TaskResult, TaskStats
 from lakesink_datasource.options import WriteOptions
 from lakesink_datasource.table import idempotency, new_checkpoint
@@ -135,6 +145,21 @@ def _merge_position_deletes(results: list[TaskResult], metadata: TableMetadata) 
             else:
                 pending.positions |= positions
     return merged
+
+
+def _end_at_truncate(table: Table, plan: WritePlan, results: list[TaskResult], added: list[DataFile], hidden: dict[str, PendingDeletes]) -> None:
+    """A history table's versions that held at the batch's truncate end there
+    (commit/history_truncate.py): their rows hidden, their ended copies added."""
+    truncated = _truncated_at(plan, results)
+    if truncated is None or plan.keyed is None or plan.keyed.history is None or not plan.keyed.table_sequence_columns:
+        return
+    ended = end_versions_at(table.io, table.metadata, plan, added, hidden, truncated)
+    added += ended.files
+    for path, pending in ended.hidden.items():
+        if path in hidden:
+            hidden[path].positions |= pending.positions
+        else:
+            hidden[path] = pending
 
 
 def _refuse_keys_on_several_hosts(results: list[TaskResult]) -> None:
@@ -249,7 +274,8 @@ def overwrite_mode(plan: WritePlan, results: list[TaskResult], batch_id: int | N
 
 def _overwrite_scope(plan: WritePlan, results: list[TaskResult], batch_id: int | None) -> OverwriteScope | None:
     truncated = _truncated_at(plan, results)
-    if truncated is not None and plan.keyed is not None and plan.keyed.table_sequence_columns:
+    # A history table keeps its past: its versions end at the truncate (_end_at_truncate).
+    if truncated is not None and plan.keyed is not None and plan.keyed.table_sequence_columns and plan.keyed.history is None:
         return OverwriteScope("before", sequence=plan.keyed.table_sequence_columns, position=truncated)
     if not plan.overwrite:
         return None
@@ -354,30 +380,19 @@ def _oldest_planned(results: list[TaskResult], metadata: TableMetadata, default:
     return min(planned, key=lambda s: sequence.get(s, -1) if s is not None else -1)
 
 
-def commit_write(
-    plan: WritePlan, results: list[TaskResult], batch_id: int | None, transaction: TableTransaction | None = None,
-    clock: RetryClock | None = None,
-) -> CommitOutcome:
-    """The batch's snapshot; with `transaction`, its swap goes with the other tables' of a
-    routed write (catalog/table_transaction.py). `clock`: the batch's commit operation's
-    (iceberg/retry.py; this commit counts its own races and locks in it)."""
-    started = time.perf_counter()
-    query_id = next((r.query_id for r in results if r.query_id is not None), None)
-    write_ids = {r.write_id for r in results} or {plan.write_id}
-    stats = _sum_stats(results)
-    clock = clock.scoped(f"committing to {plan.identifier}") if clock is not None else retry_clock(plan, f"committing to {plan.identifier}")
-    catalog_name = loader.describe(plan.catalog)
-    catalog = catalog_call(clock, lambda: loader.load(plan.catalog), what="opening the catalog", catalog=catalog_name)
-    table = _load(catalog, plan, clock)
-    clock.adopt(RetryPolicy.of(_write_settings(plan, table.metadata)))  # the table's own budgets from here on
-
-    if idempotency.is_epoch_committed(table.metadata, query_id, batch_id):
+def _replayed(
+    plan: WritePlan, metadata: TableMetadata, results: list[TaskResult], query_id: str | None, batch_id: int | None,
+    stats: TaskStats,
+) -> CommitOutcome | None:
+    """The outcome of a batch the table already holds (its epoch, its transaction version),
+    None for one to commit; refuses a batch that cannot be committed as the table is."""
+    if idempotency.is_epoch_committed(metadata, query_id, batch_id):
         log.info("lakesink: batch %s of query %s is already in the table; skipped", batch_id, query_id)
         return CommitOutcome(None, "already committed", 0, stats)
     txn = plan.options.txn_app_id, plan.options.txn_version
-    if idempotency.is_txn_committed(table.metadata, *txn):
+    if idempotency.is_txn_committed(metadata, *txn):
         return CommitOutcome(None, f"txn_version {txn[1]} of txn_app_id {txn[0]!r} is already in the table", 0, stats)
-    previous = None if plan.overwrite else new_checkpoint.new_checkpoint_of(table.metadata, plan.options.query_name, query_id)
+    previous = None if plan.overwrite else new_checkpoint.new_checkpoint_of(metadata, plan.options.query_name, query_id)
     if previous is not None and query_id is not None and plan.options.new_checkpoint != "append":
         # Planning decides a new checkpoint where it can read the checkpoint's query id;
         # this catches the ones it could not (and, with replace, did not empty the table for).
@@ -387,30 +402,16 @@ def commit_write(
             f"tasks of batch {batch_id} saw it committed in metadata {results[0].planned_metadata_location}, "
             "but the table's current history does not contain it (was the table rolled back?)"
         )
+    return None
 
-    metadata = table.metadata
-    planned_snapshot_id = _oldest_planned(results, metadata, plan.planned_snapshot_id)
-    _refuse_keys_on_several_hosts(results)
-    _refuse_keys_across_a_rebuilt_index(results)
-    delta = RowDelta(
-        added_data_files=[data_file(m, metadata) for r in results for m in r.data_files],
-        position_deletes=_merge_position_deletes(results, metadata),
-        overwrite=_overwrite_scope(plan, results, batch_id),
-        planned_snapshot_id=planned_snapshot_id,
-        # Sequenced deletes of absent keys change no file, but their tombstones must be
-        # recorded (and the index tokens committed) or a later, older change would apply.
-        record_only=any(r.tombstones for r in results),
-        touched_keys=_touched_keys(results) if plan.keyed is not None else None,
-        key_columns=plan.keyed.table_key_columns if plan.keyed is not None else (),
-        key_rules=_key_rules(plan, results),
-    )
-    if delta.is_empty:
-        return CommitOutcome(None, "nothing to commit", 0, stats)
 
-    producer = SnapshotProducer(table.io, metadata, delta, branch=plan.options.branch, settings=_write_settings(plan, metadata))
-    written_schema = _written_schema(results)
-    written_spec = _written_spec(results)
-    extra = _extra_summary(min(write_ids), query_id, batch_id, stats, plan.options)
+def _summary(
+    plan: WritePlan, results: list[TaskResult], metadata: TableMetadata, settings: TableSettings, write_id: str,
+    query_id: str | None, batch_id: int | None, stats: TaskStats,
+) -> dict[str, str]:
+    """The snapshot summary's lakesink keys: who wrote the batch, how, and what a reader or
+    another host's index needs to follow it."""
+    extra = _extra_summary(write_id, query_id, batch_id, stats, plan.options)
     extra[keys.TASKS] = str(len({r.partition_id for r in results}))
     hosts = sorted({r.host for r in results if r.host})
     if hosts:
@@ -432,14 +433,66 @@ def commit_write(
         starts = sorted({f"{r.host}: {r.index_sync}" for r in results if r.index_sync.startswith(("rebuilt", "fetched"))})
         if starts:
             extra[keys.INDEX_STARTS] = "; ".join(starts)
-    tombstone_max = max((r.tombstone_max_sequence for r in results if r.tombstone_max_sequence is not None), default=None)
-    settings = _write_settings(plan, metadata)
     note = _maintenance_note(plan, metadata, settings)
     if note is not None:
         extra[keys.MAINTENANCE_NOTE] = note
-    fresh = True  # `table` is the state the last swap was refused on (else: reload it first)
-    attempt_number = -1
-    made: dict[int, tuple[PreparedCommit, Table]] = {}  # each attempt swapped, and the table it was built on
+    return extra
+
+
+def commit_write(
+    plan: WritePlan, results: list[TaskResult], batch_id: int | None, transaction: TableTransaction | None = None,
+    clock: RetryClock | None = None,
+) -> CommitOutcome:
+    """The batch's snapshot; with `transaction`, its swap goes with the other tables' of a
+    routed write (catalog/table_transaction.py). `clock`: the batch's commit operation's
+    (iceberg/retry.py; this commit counts its own races and locks in it)."""
+    started = time.perf_counter()
+    query_id = next((r.query_id for r in results if r.query_id is not None), None)
+    write_ids = {r.write_id for r in results} or {plan.write_id}
+    stats = _sum_stats(results)
+    clock = clock.scoped(f"committing to {plan.identifier}") if clock is not None else retry_clock(plan, f"committing to {plan.identifier}")
+    catalog_name = loader.describe(plan.catalog)
+    catalog = catalog_call(clock, lambda: loader.load(plan.catalog), what="opening the catalog", catalog=catalog_name)
+    table = _load(catalog, plan, clock)
+    metadata = table.metadata
+    settings = _write_settings(plan, metadata)
+    clock.adopt(RetryPolicy.of(settings))  # the table's own budgets from here on
+
+    # The replay check: a batch already in the table is never applied twice.
+    replayed = _replayed(plan, metadata, results, query_id, batch_id, stats)
+    if replayed is not None:
+        return replayed
+    txn = plan.options.txn_app_id, plan.options.txn_version
+
+    # Build: the batch's row delta.
+    planned_snapshot_id = _oldest_planned(results, metadata, plan.planned_snapshot_id)
+    _refuse_keys_on_several_hosts(results)
+    _refuse_keys_across_a_rebuilt_index(results)
+    added = [data_file(m, metadata) for r in results for m in r.data_files]
+    hidden = _merge_position_deletes(results, metadata)
+    _end_at_truncate(table, plan, results, added, hidden)
+    delta = RowDelta(
+        added_data_files=added,
+        position_deletes=hidden,
+        overwrite=_overwrite_scope(plan, results, batch_id),
+        planned_snapshot_id=planned_snapshot_id,
+        # Sequenced deletes of absent keys change no file, but their tombstones must be
+        # recorded (and the index tokens committed) or a later, older change would apply.
+        record_only=any(r.tombstones for r in results),
+        touched_keys=_touched_keys(results) if plan.keyed is not None else None,
+        key_columns=plan.keyed.table_key_columns if plan.keyed is not None else (),
+        key_rules=_key_rules(plan, results),
+    )
+    if delta.is_empty:
+        return CommitOutcome(None, "nothing to commit", 0, stats)
+
+    producer = SnapshotProducer(table.io, metadata, delta, branch=plan.options.branch, settings=settings)
+    written_schema = _written_schema(results)
+    written_spec = _written_spec(results)
+    tombstone_max = max((r.tombstone_max_sequence for r in results if r.tombstone_max_sequence is not None), default=None)
+    # The summary, then the commit.
+    extra = _summary(plan, results, metadata, settings, min(write_ids), query_id, batch_id, stats)
+    made: dict[int, tuple[PreparedCommit, Table]] = {}  # each attempt built, and the table it was built on
     lost: set[int] = set()  # attempts whose answer was lost: they may have landed
     doing = f"committing to {plan.identifier} ({catalog_name})"
 
@@ -449,6 +502,69 @@ def commit_write(
         # or have landed and been expired since, their manifests carried by later commits).
         producer.cleanup(committed_attempt=None, keep=lost)
 
+    def build(table: Table) -> _Attempt:
+        number = len(made)
+        fault_point("before_commit", batch_id, table=plan.identifier)
+        extra[keys.COMMIT_PREPARE_SECONDS] = f"{time.perf_counter() - started:.3f}"
+        try:
+            prepared = _attempt(producer, plan, table, number, extra, query_id, batch_id, written_schema, written_spec, tombstone_max)
+        except ConflictError as exc:
+            forget()
+            raise CommitError(str(exc), exc.kind) from exc
+        if producer.last.redecision is not None and producer.last.redecision.keys:
+            fault_point("keys_redecided", batch_id)  # tests: a crash between the decision and the swap
+        made[number] = (prepared, table)
+        return _Attempt(number, prepared)
+
+    def send(table: Table, attempt: _Attempt) -> _Landed | CommitOutcome:
+        return _Landed(attempt.number, swap_in(table, attempt.prepared, transaction))
+
+    def landed(table: Table) -> _Landed | CommitOutcome | None:
+        number = _landed_attempt(producer, table.metadata)
+        if number is None:
+            return None
+        # An attempt whose answer was lost did land: it is this batch's commit.
+        log.warning("lakesink: commit attempt %d of %s landed although its answer was lost; its files are kept", number + 1, plan.identifier)
+        return _Landed(number, table)
+
+    def decide(table: Table) -> CommitOutcome | None:
+        metadata = table.metadata
+        if idempotency.is_epoch_committed(metadata, query_id, batch_id) or idempotency.is_txn_committed(metadata, *txn) or any(
+            idempotency.is_write_committed(metadata, w, planned_snapshot_id, plan.options.branch) for w in write_ids
+        ):
+            forget()
+            return CommitOutcome(None, "committed concurrently", len(made), stats)
+        return None
+
+    def not_landed(table: Table) -> None:
+        # Attempts that can never land now (their branch moved on) may lose their files.
+        lost.difference_update([n for n in lost if not can_still_land(table.metadata, made[n][0])])
+
+    loop: CommitLoop[_Attempt, _Landed | CommitOutcome] = CommitLoop(
+        clock, doing, catalog, plan.identifier, build, send, landed, decide=decide,
+        unknown=lambda attempt: lost.add(attempt.number), not_landed=not_landed, gave_up=forget,
+        exhausted=_commit_spent(plan, catalog_name),
+    )
+    outcome = loop.run(table)
+    if isinstance(outcome, CommitOutcome):
+        return outcome
+    prepared, before = made[outcome.attempt]
+    return _committed(plan, producer, prepared, outcome.committed, before, outcome.attempt, batch_id, stats, delta, started, len(made))
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    number: int  # from 0
+    prepared: PreparedCommit
+
+
+@dataclass(frozen=True)
+class _Landed:
+    attempt: int  # the attempt that landed
+    committed: Table  # a table state read after it, which holds it
+
+
+def _commit_spent(plan: WritePlan, catalog_name: str) -> Exhausted:
     def spent(why: Spent) -> BaseException:
         if why.kind is Failure.RACE:
             return CommitError(
@@ -464,58 +580,7 @@ def commit_write(
             why.last, why.failures,
         )
 
-    while True:
-        attempt_number += 1
-        if not fresh:
-            # One budget for the whole commit: waiting for the reload is the same clock's.
-            table = clock.run(lambda: sql_commit.load_table(catalog, plan.identifier), doing=f"{doing}, reading the table", exhausted=spent)
-            fresh = True
-            landed = _landed_attempt(producer, table.metadata)
-            if landed is not None:
-                # An attempt whose answer was lost did land: it is this batch's commit.
-                log.warning(
-                    "lakesink: commit attempt %d of %s landed although its answer was lost; its files are kept",
-                    landed + 1, plan.identifier,
-                )
-                prepared, before = made[landed]
-                return _committed(plan, producer, prepared, table, before, landed, batch_id, stats, delta, started, attempt_number)
-            if idempotency.is_epoch_committed(table.metadata, query_id, batch_id) or idempotency.is_txn_committed(
-                table.metadata, *txn
-            ) or any(
-                idempotency.is_write_committed(table.metadata, w, planned_snapshot_id, plan.options.branch) for w in write_ids
-            ):
-                forget()
-                return CommitOutcome(None, "committed concurrently", attempt_number, stats)
-        fault_point("before_commit", batch_id, table=plan.identifier)
-        extra[keys.COMMIT_PREPARE_SECONDS] = f"{time.perf_counter() - started:.3f}"
-        try:
-            attempt = _attempt(
-                producer, plan, table, attempt_number, extra, query_id, batch_id, written_schema, written_spec, tombstone_max
-            )
-        except ConflictError as exc:
-            forget()
-            raise CommitError(str(exc), exc.kind) from exc
-        if producer.last.redecision is not None and producer.last.redecision.keys:
-            fault_point("keys_redecided", batch_id)  # tests: a crash between the decision and the swap
-        made[attempt_number] = (attempt, table)
-        swap = clock.begin()
-        try:
-            committed = swap_in(table, attempt, transaction)
-        except Exception as exc:  # noqa: BLE001 - the policy raises what it does not retry
-            try:
-                # A race: rebuilt on the new state. A lock or a lost answer: the swap may
-                # have landed; the table, reloaded, says which attempt did.
-                kind = clock.failed(exc, swap, doing=doing, changes_table=True, exhausted=spent)
-            except CatalogUnavailable:
-                raise
-            except BaseException:
-                forget()
-                raise
-            if kind is not Failure.RACE:
-                lost.add(attempt_number)
-        else:
-            return _committed(plan, producer, attempt, committed, table, attempt_number, batch_id, stats, delta, started)
-        fresh = False
+    return spent
 
 
 def _maintenance_note(plan: WritePlan, metadata: TableMetadata, settings: TableSettings) -> str | None:

@@ -25,17 +25,16 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 
-from lakesink_datasource.catalog import sql_commit
+from lakesink_datasource.catalog.commit_loop import CommitLoop
 from lakesink_datasource.catalog.errors import CatalogUnavailable
 from lakesink_datasource.commit.swap import PreparedCommit, swap_in
 from lakesink_datasource.iceberg.history import branch_head
-from lakesink_datasource.iceberg.retry import Exhausted, Failure, RetryClock, Spent, first_line
+from lakesink_datasource.iceberg.retry import Exhausted, Failure, RetryClock, Spent
 
 log = logging.getLogger("lakesink")
 
 # A swap's failures the loop below waits for; a race without a lost answer is the caller's.
 _SETTLED = frozenset({Failure.LOCKED, Failure.ANSWER_LOST})
-_READS = frozenset({Failure.LOCKED, Failure.AWAY})
 
 
 class CommitOutcomeUnknown(CatalogUnavailable):
@@ -57,6 +56,12 @@ def _head_id(metadata: TableMetadata, branch: str | None) -> int | None:
     return head.snapshot_id if head is not None else None
 
 
+def can_still_land(metadata: TableMetadata, prepared: PreparedCommit) -> bool:
+    """Whether `prepared`, which `metadata` does not hold, could still land: its branch is
+    where the commit expects it (once it moved on, the compare-and-swap can never apply)."""
+    return _head_id(metadata, prepared.branch) == _head_id(prepared.base, prepared.branch)
+
+
 def outcome_unknown(what: str) -> Exhausted:
     def build(spent: Spent) -> CommitOutcomeUnknown:
         return CommitOutcomeUnknown(
@@ -72,39 +77,34 @@ def swap_settled(table: Table, prepared: PreparedCommit, *, what: str, clock: Re
     """`swap_in(table, prepared)`, its answer settled when lost: returns a table state that
     holds the commit; CommitFailedException when it was (or can now only be) refused;
     CommitOutcomeUnknown when the operation's budget for a catalog that is away is spent
-    first. Any other error goes up as it is (the outcome of such a commit is unknown too:
-    keep its files)."""
+    first. After any other error the table is read: a commit it holds landed (that table
+    is returned); else the error goes up as it is (the caller keeps the commit's files
+    unless `not_applied` says the catalog refused it)."""
     identifier = ".".join(table.name())
-    catalog = table.catalog
     expected_head = _head_id(prepared.base, prepared.branch)
-    lost = False
-    unknown = outcome_unknown(what)
-    while True:
-        attempt = clock.begin()
-        try:
-            return swap_in(table, prepared)
-        except CommitFailedException:
-            if not lost:
-                raise
-            # Refused: by a change of someone else's, or by the copy whose answer was lost
-            # having landed first. The table says which.
-        except Exception as exc:  # noqa: BLE001 - the policy raises what it does not retry
-            # A lost answer (or a lock: read back too, it costs one load) waits as the policy
-            # says; then the table is read.
-            clock.failed(exc, attempt, doing=what, changes_table=True, retry_on=_SETTLED, exhausted=unknown)
-            if not lost:
-                log.warning("lakesink: %s: the catalog's answer was lost (%s); reading the table to see whether it landed",
-                            what, first_line(exc))
-            lost = True
-        reloaded = clock.run(
-            lambda: sql_commit.load_table(catalog, identifier), doing=f"{what}, reading the table back",
-            retry_on=_READS, exhausted=unknown,
-        )
-        if holds(reloaded.metadata, prepared):
-            log.warning("lakesink: %s landed although its answer was lost", what)
-            return reloaded
-        if _head_id(reloaded.metadata, prepared.branch) != expected_head:
+    lost: list[bool] = []
+
+    def send(table: Table, prepared: PreparedCommit) -> Table:
+        return swap_in(table, prepared)
+
+    def unknown(prepared: PreparedCommit) -> None:
+        if not lost:
+            log.warning("lakesink: %s: the catalog's answer was lost; reading the table to see whether it landed", what)
+        lost.append(True)
+
+    def landed(table: Table) -> Table | None:
+        if not holds(table.metadata, prepared):
+            return None
+        log.warning("lakesink: %s landed although its answer was lost", what)
+        return table
+
+    def decide(table: Table) -> Table | None:
+        if _head_id(table.metadata, prepared.branch) != expected_head:
             raise CommitFailedException(f"{what}: another commit landed first; this one did not land")
-        # Not landed (yet): the same commit again, on the same head (the policy paused
-        # after the failure already).
-        table = reloaded
+        return None  # not landed (yet): the same commit again, on the same head
+
+    loop: CommitLoop[PreparedCommit, Table] = CommitLoop(
+        clock, what, table.catalog, identifier, lambda _table: prepared, send, landed, decide=decide, unknown=unknown,
+        retry_on=_SETTLED, exhausted=outcome_unknown(what),
+    )
+    return loop.run(table)

@@ -12,15 +12,22 @@ Iceberg's own commit retries default to thirty), of each operation's time spent 
 
 from __future__ import annotations
 
+import errno
 import re
 
 OUTAGE_TIMEOUT_MS = "lakesink.outage-timeout-ms"
 DEFAULT_OUTAGE_MS = 300_000
 
 
-# Fragments of the messages object stores' clients give for errors that pass by themselves
-# (pyarrow's S3 client: "AWS Error NETWORK_CONNECTION ... curlCode: 7, Couldn't connect to server").
-_TRANSIENT = (
+# What an I/O error's errno says: the connection failed, broke or timed out.
+_TRANSIENT_ERRNO = frozenset({
+    errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EPIPE, errno.EHOSTUNREACH,
+    errno.ENETUNREACH, errno.ENETDOWN, errno.EAGAIN,
+})
+# pyarrow's S3 client words its own failures (no AWS error code in them) so: whole phrases
+# of its curl and socket errors, never a bare number (`00503-<uuid>.metadata.json` names a
+# file, not a status).
+_TRANSIENT_PHRASES = (
     "connection refused",
     "couldn't connect",
     "could not connect",
@@ -28,21 +35,7 @@ _TRANSIENT = (
     "connection reset",
     "connection was closed",
     "broken pipe",
-    "network_connection",
-    "curlcode",
     "timed out",
-    "timeout",
-    "slowdown",
-    "slow down",
-    "throttl",
-    "service unavailable",
-    "serviceunavailable",
-    "internalerror",
-    "internal error",
-    "503",
-    "500 internal",
-    "502",
-    "504",
     "temporarily unavailable",
     "unable to connect",
 )
@@ -80,10 +73,13 @@ def is_transient_io(exc: BaseException) -> bool:
         return True
     if not isinstance(exc, OSError) or isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
         return False
+    if exc.errno is not None:
+        return exc.errno in _TRANSIENT_ERRNO
     by_code = aws_error_transient(str(exc))
     if by_code is not None:
         return by_code
+    status = _HTTP_STATUS.search(str(exc))
+    if status is not None:
+        return int(status.group(1)) in _TRANSIENT_STATUS
     message = str(exc).lower()
-    if "nosuchkey" in message or "not found" in message or "access denied" in message or "forbidden" in message:
-        return False
-    return any(fragment in message for fragment in _TRANSIENT)
+    return any(phrase in message for phrase in _TRANSIENT_PHRASES)

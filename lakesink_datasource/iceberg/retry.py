@@ -8,16 +8,23 @@ A failure is one of:
 
 - `RACE`: another writer committed first (`CommitFailedException`). The caller rebuilds on
   the new state (its own work: the commit loop reloads and produces again) and tries again.
-- `LOCKED`: another client holds what the call needs: SQLite's "database is locked" after
-  its own 5 s wait, or (`Busy`) a table another writer is creating right now.
-- `AWAY`: a store or catalog that does not answer: connection refused or reset, a timeout,
-  a 5xx, throttling (`outage.is_transient_io` for object stores).
+- `LOCKED`: another client holds what the call needs: SQLite's SQLITE_BUSY after its own
+  5 s wait, or (`Busy`) a table another writer is creating right now.
+- `AWAY`: a store or catalog that does not answer: connection refused, reset or cut off
+  mid-answer, a timeout, a 5xx, throttling. Told apart by type and status, never by the
+  words of a message: each catalog kind's client errors by catalog/failures.py (registered
+  here: this layer imports no catalog client), the object store's by `outage.is_transient_io`.
 - `ANSWER_LOST`: a call that changes the table failed the `AWAY` way, or with Iceberg's
   `CommitStateUnknownException`: it may have landed. It is never sent again before the
   table, read again, says what happened (the caller's reads: `commit/lost_answer.py`,
   the commit loop, staging).
 - `FINAL`: anything else, and an error raised once a budget was spent (`RetriesSpent`):
   raised at once, through every layer.
+
+Not retrying is not knowing: once a commit request was sent, only `not_applied` (a 409, a
+refusal the catalog answered before applying) proves the commit did not apply. Every other
+outcome, FINAL included, is unknown: the commit's files stay until the table, read again,
+says whether it landed (catalog/commit_loop.py, the one loop every commit runs in).
 
 Each kind's budget comes from the table's own settings (`RetryPolicy.of(TableSettings)`):
 
@@ -71,7 +78,7 @@ from lakesink_datasource.iceberg.properties import (
 
 __all__ = [
     "ANY", "Backoff", "Busy", "Failure", "RetriesSpent", "RetryClock", "RetryPolicy", "Spent", "StoreUnavailable",
-    "active", "classify", "current", "first_line",
+    "active", "classify", "current", "first_line", "not_applied", "register",
 ]
 
 log = logging.getLogger("lakesink")
@@ -107,50 +114,33 @@ class Busy(Exception):
 
 # --------------------------------------------------------------------------- classification
 
-# Fragments of the messages of catalog errors that pass by themselves (SQLAlchemy's
-# OperationalError wraps the driver's: sqlite3's, psycopg2's).
-_TRANSIENT_MESSAGES = (
-    "database is locked",
-    "database is busy",
-    "database table is locked",
-    "could not connect",
-    "connection refused",
-    "connection reset",
-    "server closed the connection",
-    "terminating connection",
-    "the database system is starting up",
-    "the database system is shutting down",
-    "timeout expired",
-    "timed out",
-)
-# Of those, the ones that say another client holds the database (not that it is away).
-_LOCKED_MESSAGES = ("database is locked", "database is busy", "database table is locked")
+# What a catalog's client raised, by type and status (catalog/failures.py registers each
+# catalog kind's rules: this layer imports no catalog client); None: not a client's error.
+Classifier = Callable[[BaseException], Failure | None]
+# Whether an error a commit request raised is the catalog's answer that it applied nothing.
+Refusal = Callable[[BaseException], bool]
+_CLASSIFIERS: list[Classifier] = []
+_REFUSALS: list[Refusal] = []
 
 
-def _transient(exc: BaseException) -> bool:
-    """Whether `exc` says a catalog or store is briefly unavailable (worth waiting for)."""
-    from pyiceberg.exceptions import ServerError, ServiceUnavailableError
-    from requests.exceptions import ConnectionError as RequestsConnectionError
-    from requests.exceptions import Timeout
-    from sqlalchemy.exc import DBAPIError, DisconnectionError
-    from sqlalchemy.exc import TimeoutError as PoolTimeout
-
-    if isinstance(exc, (ServerError, ServiceUnavailableError, RequestsConnectionError, Timeout, DisconnectionError, PoolTimeout)):
-        return True
-    if isinstance(exc, DBAPIError):
-        if exc.connection_invalidated:
-            return True
-        message = str(exc.orig if exc.orig is not None else exc).lower()
-        return any(fragment in message for fragment in _TRANSIENT_MESSAGES)
-    if isinstance(exc, (ConnectionResetError, ConnectionRefusedError, ConnectionAbortedError, TimeoutError)):
-        return True
-    # A catalog whose metadata lives on an object store that is away, or the store itself.
-    return is_transient_io(exc)
+def register(classifier: Classifier, refusal: Refusal | None = None) -> None:
+    """Teach the policy a catalog kind's errors (catalog/failures.py, once per process)."""
+    if classifier not in _CLASSIFIERS:
+        _CLASSIFIERS.append(classifier)
+    if refusal is not None and refusal not in _REFUSALS:
+        _REFUSALS.append(refusal)
 
 
-def _locked(exc: BaseException) -> bool:
-    message = str(getattr(exc, "orig", None) or exc).lower()
-    return any(fragment in message for fragment in _LOCKED_MESSAGES)
+def _kind(exc: BaseException) -> Failure:
+    """What `exc` is when no rule of a commit's own decides: a catalog client's error as its
+    catalog kind says, else a connection that failed, a store that is away, or FINAL."""
+    for classifier in _CLASSIFIERS:
+        found = classifier(exc)
+        if found is not None:
+            return found
+    if isinstance(exc, (ConnectionError, TimeoutError)) or is_transient_io(exc):
+        return Failure.AWAY
+    return Failure.FINAL
 
 
 def classify(exc: BaseException, *, changes_table: bool = False) -> Failure:
@@ -165,11 +155,21 @@ def classify(exc: BaseException, *, changes_table: bool = False) -> Failure:
         return Failure.LOCKED
     if isinstance(exc, CommitStateUnknownException):
         return Failure.ANSWER_LOST if changes_table else Failure.AWAY
-    if not _transient(exc):
-        return Failure.FINAL
-    if _locked(exc):
-        return Failure.LOCKED
-    return Failure.ANSWER_LOST if changes_table else Failure.AWAY
+    kind = _kind(exc)
+    return Failure.ANSWER_LOST if kind is Failure.AWAY and changes_table else kind
+
+
+def not_applied(exc: BaseException) -> bool:
+    """Whether `exc`, raised once a commit request was sent, proves the commit did not apply:
+    a 409 (`CommitFailedException`), or a refusal its catalog kind knows (a 4xx a REST catalog
+    answered before applying, a routed swap never sent). Nothing else does, whatever its type
+    (Iceberg Java's rule: anything else is `CommitStateUnknownException`): the commit's files
+    stay until the table, read again, says whether it landed."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    if isinstance(exc, CommitFailedException):
+        return True
+    return any(refusal(exc) for refusal in _REFUSALS)
 
 
 def first_line(exc: BaseException) -> str:

@@ -10,18 +10,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
-from lakesink_datasource.catalog import sql_commit
+from lakesink_datasource.catalog.commit_loop import CommitLoop, Done
 from lakesink_datasource.commit.cleanup import delete_files, dropped_metadata_files
-from lakesink_datasource.commit.lost_answer import swap_settled
-from lakesink_datasource.commit.swap import PreparedCommit
+from lakesink_datasource.commit.lost_answer import holds, outcome_unknown
+from lakesink_datasource.commit.swap import PreparedCommit, swap_in
 from lakesink_datasource.errors import LakesinkError
-from lakesink_datasource.iceberg.expiry import snapshots_to_expire, unreachable_files
+from lakesink_datasource.iceberg.expiry import Unreachable, snapshots_to_expire, unreachable_files
 from lakesink_datasource.iceberg.gc import refuse_deleting
 from lakesink_datasource.iceberg.properties import TableSettings
-from lakesink_datasource.iceberg.retry import Exhausted, RetryClock, RetryPolicy, Spent
+from lakesink_datasource.iceberg.retry import Exhausted, Failure, RetryClock, RetryPolicy, Spent
 from lakesink_datasource.table.tombstone_table import SUFFIX, unstored_tombstone_snapshots
 
 
@@ -53,10 +52,20 @@ def expire_snapshots(
         return _expire(table, identifier, max_age_ms, dry_run, now_ms, clock)
 
 
+@dataclass(frozen=True)
+class _Attempt:
+    prepared: PreparedCommit
+    base_location: str  # the metadata file the expiry was decided on
+    gone: Unreachable  # the files only the expired snapshots referenced
+    kept: int
+
+
 def _expire(table: Table, identifier: str, max_age_ms: int | None, dry_run: bool, now_ms: int | None, clock: RetryClock) -> ExpiryResult:
     what = f"expiring snapshots of {identifier}"
-    catalog = table.catalog
-    while True:
+    sent: list[_Attempt] = []  # the attempt last sent
+
+    def build(table: Table) -> _Attempt | Done[ExpiryResult | _Landed]:
+        # Decided on the table as it is (again after a race: someone committed first).
         metadata = table.metadata
         settings = TableSettings.of_table(metadata)
         now = int(time.time() * 1000) if now_ms is None else now_ms
@@ -69,18 +78,38 @@ def _expire(table: Table, identifier: str, max_age_ms: int | None, dry_run: bool
         gone = unreachable_files(table.io, metadata, expired)
         kept = len(metadata.snapshots) - len(expired)
         if dry_run or not expired:
-            return ExpiryResult(len(expired), len(gone), kept)
-        attempt = clock.begin()
-        try:
-            committed = swap_settled(table, PreparedCommit(metadata, None, expired=expired), what=what, clock=clock)
-        except CommitFailedException as exc:
-            # Someone committed first: decide again on the new state, within the race budget.
-            clock.failed(exc, attempt, doing=what, exhausted=_raced(identifier))
-            table = clock.run(lambda: sql_commit.load_table(catalog, identifier), doing=f"{what}, reading the table")
-            continue
-        deleted = delete_files(table.io, gone.all())
-        delete_files(table.io, dropped_metadata_files(metadata, table.metadata_location, committed.metadata))
-        return ExpiryResult(len(expired), deleted, kept)
+            return Done(ExpiryResult(len(expired), len(gone), kept))
+        sent[:] = [_Attempt(PreparedCommit(metadata, None, expired=expired), table.metadata_location, gone, kept)]
+        return sent[0]
+
+    def send(table: Table, attempt: _Attempt) -> ExpiryResult | _Landed:
+        return _Landed(swap_in(table, attempt.prepared), attempt)
+
+    def landed(table: Table) -> ExpiryResult | _Landed | None:
+        return _Landed(table, sent[0]) if holds(table.metadata, sent[0].prepared) else None
+
+    loop: CommitLoop[_Attempt, ExpiryResult | _Landed] = CommitLoop(
+        clock, what, table.catalog, identifier, build, send, landed, exhausted=_spent(identifier, what),
+    )
+    outcome = loop.run(table)
+    if isinstance(outcome, ExpiryResult):
+        return outcome
+    # Landed: what only the expired snapshots referenced goes now, never before.
+    attempt = outcome.attempt
+    deleted = delete_files(table.io, attempt.gone.all())
+    delete_files(table.io, dropped_metadata_files(attempt.prepared.base, attempt.base_location, outcome.committed.metadata))
+    return ExpiryResult(len(attempt.prepared.expired), deleted, attempt.kept)
+
+
+@dataclass(frozen=True)
+class _Landed:
+    committed: Table  # a table state that holds the expiry
+    attempt: _Attempt
+
+
+def _spent(identifier: str, what: str) -> Exhausted:
+    raced, unknown = _raced(identifier), outcome_unknown(what)
+    return lambda spent: raced(spent) if spent.kind is Failure.RACE else unknown(spent)
 
 
 def _raced(identifier: str) -> Exhausted:

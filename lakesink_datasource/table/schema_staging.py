@@ -18,6 +18,7 @@ from pyiceberg.table.update import AddSchemaUpdate, AssertCurrentSchemaId, Asser
 from pyspark.sql.types import StructType
 
 from lakesink_datasource.catalog import sql_commit
+from lakesink_datasource.catalog.commit_loop import CommitLoop, Done
 from lakesink_datasource.catalog.transient import catalog_unavailable
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.iceberg.retry import Exhausted, Failure, RetryClock, Spent
@@ -68,9 +69,9 @@ def stage_evolution(
     identifier = ".".join(table.name())
     what = f"staging the evolved schema of {identifier}"
     catalog = table.catalog
-    scope = clock.scoped(what)
-    spent = staging_spent(what, f"catalog {catalog.name!r}")
-    while True:
+    sent: list[_Attempt] = []  # the attempt last sent
+
+    def build(table: Table) -> _Attempt | Done[StagedSchema | None]:
         metadata = table.metadata
         current = metadata.schema()
         evolution = merge_schema(
@@ -78,30 +79,45 @@ def stage_evolution(
             key_columns=key_columns,
         )
         if not evolution.changed:
-            return None
+            return Done(None)
         schema = Schema(
             *evolution.schema.fields,
             schema_id=max(s.schema_id for s in metadata.schemas) + 1,
             identifier_field_ids=list(current.identifier_field_ids),
         )
-        attempt = scope.begin()
-        try:
-            response = sql_commit.commit(
-                table,
-                requirements=(
-                    AssertCurrentSchemaId(current_schema_id=current.schema_id),
-                    AssertLastAssignedFieldId(last_assigned_field_id=metadata.last_column_id),
-                ),
-                updates=(AddSchemaUpdate(schema_=schema), *((SetCurrentSchemaUpdate(schema_id=-1),) if make_current else ())),
-            )
-        except Exception as exc:  # noqa: BLE001 - the policy raises what it does not retry
-            kind = scope.failed(exc, attempt, doing=what, changes_table=True, exhausted=spent)
-            table = scope.run(lambda: sql_commit.load_table(catalog, identifier), doing=f"{what}, reading the table", exhausted=spent)
-            if kind is not Failure.RACE:
-                # The answer was lost: the table says whether the staging landed.
-                landed = _staged(table.metadata, metadata, schema)
-                if landed is not None and (not make_current or table.metadata.current_schema_id == landed.schema_id):
-                    return StagedSchema(table, landed, current.schema_id, evolution.changes)
-            continue
+        sent[:] = [_Attempt(metadata, schema, evolution.changes)]
+        return sent[0]
+
+    def send(table: Table, attempt: _Attempt) -> StagedSchema | None:
+        base = attempt.base
+        response = sql_commit.commit(
+            table,
+            requirements=(
+                AssertCurrentSchemaId(current_schema_id=base.current_schema_id),
+                AssertLastAssignedFieldId(last_assigned_field_id=base.last_column_id),
+            ),
+            updates=(AddSchemaUpdate(schema_=attempt.schema), *((SetCurrentSchemaUpdate(schema_id=-1),) if make_current else ())),
+        )
         staged = Table(table.name(), metadata=response.metadata, metadata_location=response.metadata_location, io=table.io, catalog=table.catalog)
-        return StagedSchema(staged, schema, current.schema_id, evolution.changes)
+        return StagedSchema(staged, attempt.schema, base.current_schema_id, attempt.changes)
+
+    def landed(table: Table) -> StagedSchema | None:
+        # The staging sent last, found in the table (or another writer's of the same schema).
+        attempt = sent[0]
+        found = _staged(table.metadata, attempt.base, attempt.schema)
+        if found is None or (make_current and table.metadata.current_schema_id != found.schema_id):
+            return None
+        return StagedSchema(table, found, attempt.base.current_schema_id, attempt.changes)
+
+    loop: CommitLoop[_Attempt, StagedSchema | None] = CommitLoop(
+        clock.scoped(what), what, catalog, identifier, build, send, landed,
+        exhausted=staging_spent(what, f"catalog {catalog.name!r}"),
+    )
+    return loop.run(table)
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    base: TableMetadata
+    schema: Schema
+    changes: list[str]

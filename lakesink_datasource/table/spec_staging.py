@@ -24,6 +24,7 @@ from pyiceberg.table.update import AddPartitionSpecUpdate, AssertLastAssignedPar
 from pyiceberg.transforms import BucketTransform, TruncateTransform
 
 from lakesink_datasource.catalog import sql_commit
+from lakesink_datasource.catalog.commit_loop import CommitLoop, Done
 from lakesink_datasource.iceberg.retry import RetryClock
 from lakesink_datasource.table.partition_spec import same_layout
 from lakesink_datasource.table.schema_staging import StagingRaced, staging_spent
@@ -84,31 +85,36 @@ def stage_spec(table: Table, wanted: PartitionSpec, *, clock: RetryClock) -> Sta
     identifier = ".".join(table.name())
     what = f"staging the new partition spec of {identifier}"
     catalog = table.catalog
-    scope = clock.scoped(what)
-    spent = staging_spent(what, f"catalog {catalog.name!r}")
-    while True:
+
+    def build(table: Table) -> tuple[TableMetadata, PartitionSpec] | Done[StagedSpec]:
+        # Decided on the table as it is: a spec laid out like `wanted` there is the one.
         metadata = table.metadata
         reuse = existing_spec(metadata, wanted)
         if reuse is not None:
-            return StagedSpec(table, reuse, metadata.default_spec_id)
-        spec = assign_field_ids(metadata, wanted)
-        attempt = scope.begin()
-        try:
-            response = sql_commit.commit(
-                table,
-                # Another writer adding a spec (or partition field) meanwhile moves last-partition-id.
-                requirements=(AssertLastAssignedPartitionId(last_assigned_partition_id=metadata.last_partition_id),),
-                updates=(AddPartitionSpecUpdate(spec=spec),),
-            )
-        except Exception as exc:  # noqa: BLE001 - the policy raises what it does not retry
-            scope.failed(exc, attempt, doing=what, changes_table=True, exhausted=spent)
-            # Decided again on the table as it is now (the loop's first step finds a spec
-            # this staging landed although its answer was lost).
-            table = scope.run(lambda: sql_commit.load_table(catalog, identifier), doing=f"{what}, reading the table", exhausted=spent)
-            continue
+            return Done(StagedSpec(table, reuse, metadata.default_spec_id))
+        return metadata, assign_field_ids(metadata, wanted)
+
+    def send(table: Table, attempt: tuple[TableMetadata, PartitionSpec]) -> StagedSpec:
+        metadata, spec = attempt
+        response = sql_commit.commit(
+            table,
+            # Another writer adding a spec (or partition field) meanwhile moves last-partition-id.
+            requirements=(AssertLastAssignedPartitionId(last_assigned_partition_id=metadata.last_partition_id),),
+            updates=(AddPartitionSpecUpdate(spec=spec),),
+        )
         staged = Table(table.name(), metadata=response.metadata, metadata_location=response.metadata_location, io=table.io, catalog=table.catalog)
         # As the catalog stored it: a REST catalog may assign the spec id itself.
         stored = existing_spec(response.metadata, wanted)
         if stored is None:
             raise StagingRaced(f"the catalog did not keep the new partition spec of {identifier}")
         return StagedSpec(staged, stored, metadata.default_spec_id)
+
+    def landed(table: Table) -> StagedSpec | None:
+        found = existing_spec(table.metadata, wanted)
+        return StagedSpec(table, found, table.metadata.default_spec_id) if found is not None else None
+
+    loop: CommitLoop[tuple[TableMetadata, PartitionSpec], StagedSpec] = CommitLoop(
+        clock.scoped(what), what, catalog, identifier, build, send, landed,
+        exhausted=staging_spent(what, f"catalog {catalog.name!r}"),
+    )
+    return loop.run(table)

@@ -34,8 +34,10 @@ from pyroaring import BitMap64
 
 from lakesink_datasource.arrays import take_items, unique_sorted
 from lakesink_datasource.catalog import loader
+from lakesink_datasource.catalog.transient import catalog_call
 from lakesink_datasource.iceberg.live_files import live_data_files
 from lakesink_datasource.iceberg.properties import TRUNCATED_BEFORE
+from lakesink_datasource.iceberg.retry import active
 from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.for_write import TaskIndex, index_location, open_for_task
 from lakesink_datasource.index.key_columns import TOMBSTONE, KeyColumns, sequence_names
@@ -47,7 +49,7 @@ from lakesink_datasource.io.partitioning import PartitionSplitter
 from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
 from lakesink_datasource.messages import PositionDeletesMessage
 from lakesink_datasource.schema.arrow_align import BatchAligner
-from lakesink_datasource.table.plan import WritePlan, write_spec
+from lakesink_datasource.table.plan import WritePlan, retry_clock, write_spec
 from lakesink_datasource.table.tombstone_table import companion_identifier, read_stored
 from lakesink_datasource.write.changes import Changes, KeyedInputError, op_kinds, resolve_changes
 from lakesink_datasource.write.current_rows import RowGroups, read_rows_at
@@ -58,8 +60,17 @@ def tombstone_reader(plan: WritePlan) -> Callable[[], pa.Table | None]:
     """Reads the companion table's tombstones, for an index that must be rebuilt."""
 
     def stored() -> pa.Table | None:
+        what = f"reading the stored tombstones of {plan.identifier}"
+        # The task's clock (a catalog that is away, or locked, is waited for within its
+        # budgets as every other catalog call is), else one of the table's own.
+        clock = active() or retry_clock(plan, what)
+        catalog = loader.describe(plan.catalog)
         try:
-            return read_stored(loader.load(plan.catalog), plan.identifier)
+            return catalog_call(
+                clock, lambda: read_stored(catalog_call(clock, lambda: loader.load(plan.catalog), what="opening the catalog",
+                                                        catalog=catalog), plan.identifier),
+                what=what, catalog=catalog,
+            )
         except Exception as exc:  # a damaged companion, or a catalog out of an executor's reach
             # The rebuild then knows only the tombstone files the retained snapshots name:
             # it refuses the changes that deletes it cannot see could have overruled.
@@ -284,19 +295,33 @@ class KeyedWriter:
         self._writer.flush_pending()
 
     def _history_bounds(self, aligned: pa.Table, resolution: pa.Table, n: int) -> pa.Array:
-        """Where each change's version starts: its first sequence column (in the table's type),
-        or the batch's time."""
-        keyed, history = self._keyed, self._keyed.history
+        """Where each change's version starts: its sequence (in the table's bound type), or the
+        batch's time."""
+        history = self._keyed.history
         assert history is not None
         kind = aligned.schema.field(history.start).type
-        if keyed.table_sequence_columns:
-            column = aligned.column(keyed.table_sequence_columns[0])
-        elif keyed.sequence_sources:
-            column = resolution.column(keyed.sequence_sources[0])
-        else:
+        if not self._keyed.sequence_sources:
             return pa.array([int((history.at or time.time()) * 1_000_000)] * n, pa.int64()).cast(pa.timestamp("us", tz="UTC")).cast(kind)
-        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-        return column.cast(kind) if column.type != kind else column
+        bounds = self._sequence_bounds(aligned, resolution, kind)
+        assert bounds is not None
+        return bounds
+
+    def _sequence_bounds(self, rows: pa.Table, resolution: pa.Table | None, kind: pa.DataType) -> pa.Array | None:
+        """Rows' sequences as bounds of type `kind`: the sequence column, or a struct of the
+        sequence columns (a table made with several); None when the rows do not hold them."""
+        keyed = self._keyed
+        names = keyed.table_sequence_columns or (keyed.sequence_sources if resolution is not None else ())
+        source = rows if keyed.table_sequence_columns else resolution
+        if not names or source is None:
+            return None
+        columns = [source.column(c) for c in names]
+        arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
+        if pa.types.is_struct(kind) and len(arrays) > 1:
+            return pa.StructArray.from_arrays(
+                [a.cast(kind.field(i).type) if a.type != kind.field(i).type else a for i, a in enumerate(arrays)], fields=list(kind)
+            )
+        # One column (a table made before bounds took every sequence column keeps its first).
+        return arrays[0].cast(kind) if arrays[0].type != kind else arrays[0]
 
     def _decide_history(
         self, aligned: pa.Table, resolution: pa.Table, bounds: pa.Array, runs: Runs, which: np.ndarray, found: Found,
@@ -333,10 +358,20 @@ class KeyedWriter:
                         owners.append(at[key])
         self._refuse_in_flight(places)
         existing = self._read_rows(places, schema, groups)
-        versions = Versions(aligned, existing, bounds, history.start, history.end, history.tracked, history.data, history.partial)
+        latest = self._sequence_bounds(existing, None, bounds.type) if existing.num_rows else None
+        versions = Versions(
+            aligned, existing, bounds, history.start, history.end, history.tracked, history.data, history.partial, latest,
+            bool(self._keyed.sequence_sources),
+        )
+        stale = self._ended_by_truncate(existing, len(np.flatnonzero(live)), history.start)
+        if len(stale):
+            live = live.copy()
+            live[[owners[j] for j in stale.tolist()]] = False
         existing_of: dict[int, list[int]] = {}
+        gone = set(stale.tolist())
         for row, owner in enumerate(owners):
-            existing_of.setdefault(owner, []).append(row)
+            if row not in gone:
+                existing_of.setdefault(owner, []).append(row)
         decision = decide(versions, runs, which, last, live, existing_of, late)
         self._hide_existing(decision.hidden.tolist(), places)
         written, values = self._write_versions(aligned, existing, versions, decision, ordinal_of)
@@ -356,6 +391,15 @@ class KeyedWriter:
                 self._deleted.append(resolution.take(pa.array([row])).select(list(self._keyed.table_key_columns)))
             self.rows_deleted += 1
         return np.asarray(changed, dtype=np.int64), values
+
+    def _ended_by_truncate(self, existing: pa.Table, current: int, start: str) -> np.ndarray:
+        """Of the first `current` existing rows (the versions the index holds as current), those
+        a source table's truncate ended at commit (commit/history_truncate.py): started before
+        it, their open rows hidden there, the index still pointing at them."""
+        if self._truncated_before is None or not current:
+            return np.zeros(0, dtype=np.int64)
+        starts = encode_keys([existing.column(start).slice(0, current)])
+        return np.asarray([j for j, s in enumerate(starts) if s < self._truncated_before], dtype=np.int64)
 
     def _scan_versions(self, late: set[bytes]) -> list[tuple[str, np.ndarray, list[bytes]]]:
         """Every version of the keys a late change reaches, from the planned snapshot's files:

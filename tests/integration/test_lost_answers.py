@@ -129,6 +129,23 @@ def test_a_lost_rest_answer_keeps_the_table_and_the_stream(spark, object_store, 
     _assert_exact(table, workload, batches, object_store.s3)
 
 
+@pytest.mark.parametrize("fault", ["half", "html502"])
+def test_a_rest_answer_cut_in_half_or_replaced_keeps_the_table_and_the_stream(spark, object_store, tmp_path: Path, fault: str) -> None:  # type: ignore[no-untyped-def]
+    """Issue 60: the catalog applies the commit and its answer arrives cut in half (the headers
+    promise the whole body, the connection closes halfway: requests' ChunkedEncodingError) or
+    as a load balancer's HTML 502 page. An error nobody listed is no proof that the commit did
+    not land: its files stay, the table is read, and the stream goes on."""
+    namespace = f"n{uuid.uuid4().hex[:10]}"
+    options = object_store.options("rest", tmp_path, namespace)
+    commits = Rule("POST", re.compile(rf"/namespaces/{namespace}/tables/t$"), fault, _lost)
+    with HttpFaultProxy(object_store.rest_uri, [commits]) as proxy:
+        batches = _run(spark, "append", {**options, "catalog.uri": proxy.url}, f"{namespace}.t", tmp_path)
+    assert set(commits.fired) == LOST, f"the proxy spoiled the answers of commits {commits.fired}, of {commits.seen}"
+    props = {k.removeprefix("catalog."): v for k, v in options.items() if k.startswith("catalog.")}
+    table = load_catalog(options["catalog"], **props).load_table(f"{namespace}.t")
+    _assert_exact(table, "append", batches, object_store.s3)
+
+
 # ----------------------------------------------------------------- SQL catalogs
 
 

@@ -92,7 +92,9 @@ def test_a_failure_that_will_not_pass_is_raised_at_once_and_the_batch_leaves_no_
     time = VirtualTime()
     with pytest.raises(InjectedFault):
         commit_write(plan, results, 0, clock=_clock(time))
-    assert time.pauses == [] and _hits(faults_file) == [2]
+    # Not waited for, but no proof that the swap did not apply either (issue 60): the table is
+    # read back once (the third catalog call) before the error goes up.
+    assert time.pauses == [] and _hits(faults_file) == [3]
     assert load(warehouse, "db.t").metadata.current_snapshot() is None
     assert all(os.path.exists(f.removeprefix("file://")) for f in files)  # data files go with the abort, not the commit
 

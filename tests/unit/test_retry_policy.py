@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -36,7 +37,25 @@ from lakesink_datasource.iceberg.retry import (
     store_unavailable,
 )
 
-LOCKED = sqlalchemy.exc.OperationalError("UPDATE iceberg_tables", {}, sqlite3.OperationalError("database is locked"))
+
+def _sqlite_lock() -> sqlalchemy.exc.OperationalError:
+    """SQLite's own "database is locked" (SQLITE_BUSY: its error code says so, which is what
+    lakesink reads), as SQLAlchemy wraps it: another connection holds the write lock."""
+    with tempfile.TemporaryDirectory() as folder:
+        holder = sqlite3.connect(f"{folder}/catalog.db", isolation_level=None)
+        other = sqlite3.connect(f"{folder}/catalog.db", timeout=0)
+        try:
+            holder.execute("BEGIN EXCLUSIVE")
+            other.execute("CREATE TABLE t (x)")
+        except sqlite3.OperationalError as exc:
+            return sqlalchemy.exc.OperationalError("UPDATE iceberg_tables", {}, exc)
+        finally:
+            other.close()
+            holder.close()
+    raise AssertionError("SQLite did not refuse the second writer")
+
+
+LOCKED = _sqlite_lock()
 REFUSED = ConnectionRefusedError("[Errno 111] Connection refused")
 STORE_AWAY = OSError("AWS Error NETWORK_CONNECTION during HeadObject operation: curlCode: 7, Couldn't connect to server")
 
