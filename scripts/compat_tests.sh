@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The compatibility set of one older PySpark minor, in its own venv (scripts/compat_venv.sh):
 # the Spark-session tests of writes, keyed writes, reads, stream reads, SQL, metadata tables
-# and key routing, the foreachBatch sink, the demo (which finds lakesink by name, registering
-# nothing), Spark's lookup of pyspark_lakesink, a spark-submit job that finds it by name and
-# then registers it (refused on 4.0), the pipeline example (4.1 and newer: run, then
+# and key routing, Debezium's types (time is Iceberg time from 4.1, a long on 4.0), the
+# foreachBatch sink, the demo (which finds lakesink by name, registering nothing), Spark's
+# lookup of pyspark_lakesink, a spark-submit job that finds it by name and then registers it
+# (refused on 4.0), the pipeline example (4.1 and newer: run, then
 # run again with nothing new; the full refresh runs with the whole suite on the newest
 # minor), and exactly-once kill tests of keyed upserts: each crash window (a SIGKILL after the
 # commit, one during the tasks' writes, a task failure) once on every minor, the routing
@@ -29,7 +30,7 @@ echo "lakesink: the compatibility set on PySpark $("$VENV/bin/python" -c 'import
 "$VENV/bin/python" -m pytest -p no:cacheprovider -q \
   tests/integration/test_streaming_roundtrip.py tests/integration/test_keyed_writes.py tests/integration/test_read.py \
   tests/integration/test_stream_read.py tests/integration/test_batch_and_sql.py tests/integration/test_metadata_tables.py \
-  tests/integration/test_key_routing.py tests/integration/test_demo.py \
+  tests/integration/test_key_routing.py tests/integration/test_demo.py tests/integration/test_debezium_types.py \
   "${KILLS[@]}" \
   tests/integration/test_batch_sink.py tests/unit/test_spark_rows.py \
   tests/unit/test_spark_version.py tests/unit/test_pyspark_module.py tests/integration/test_found_by_name.py \

@@ -270,7 +270,8 @@ def _check_clustered_keys(identifier: str, rows: pa.Table, key: tuple[str, ...],
 def _table_columns(rows: pa.Table) -> StructType:
     """A table's rows as the columns its write plans with: cluster_by_key's route is never
     stored."""
-    schema = from_arrow_schema(rows.schema)
+    # A timestamp without a zone stays one (PySpark 4.0 defaults to an instant, 4.1+ does not).
+    schema = from_arrow_schema(rows.schema, prefer_timestamp_ntz=True)
     return StructType([f for f in schema.fields if f.name != ROUTE_COLUMN])
 
 
