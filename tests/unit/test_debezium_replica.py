@@ -617,24 +617,27 @@ def test_same_named_tables_of_two_schemas_are_refused_under_the_default_table_na
     with pytest.raises(DebeziumInputError, match=message):
         Replicator(warehouse, tasks=1).run(public + sales)  # one task reads both
     assert not table_exists(warehouse, "replica.orders")
-    # A task each (each its topic's Kafka partition), run at once as on a cluster: a task that
-    # finds the table the other made refuses (it records its source table); two that both
-    # looked before either made it are refused by the commit, before any table changes.
+    # A task each (each its topic's Kafka partition), one after the other (Spark runs each task
+    # in a worker process of its own: threads of this process would share one index
+    # environment, which no two Spark tasks do): the second task refuses if it finds the table
+    # the first made, else the commit refuses both, before any table changes.
     write = plan_routed_write(Replicator(warehouse, namespace="both").raw, KAFKA, False)
 
     def task(i: int, rows: list[dict[str, Any]]) -> Any:
         return write_routed_task(write, iter(to_arrow(rows).to_batches()), TaskIdentity(partition_id=i, attempt=i, batch_id=0, query_id=QUERY))
 
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(2) as pool:
-        running = [pool.submit(task, i, rows) for i, rows in enumerate((public, sales))]
-    raised = [f.exception() for f in running if f.exception() is not None]
+    results: list[Any] = []
+    raised: list[Exception] = []
+    for i, rows in enumerate((public, sales)):
+        try:
+            results.append(task(i, rows))
+        except DebeziumInputError as exc:
+            raised.append(exc)
     if raised:
         assert len(raised) == 1 and re.search(message, str(raised[0])), raised
     else:
         with pytest.raises(DebeziumInputError, match=message):
-            commit_routed([f.result() for f in running], 0, datasource._commit, datasource._abort, progress=False)
+            commit_routed(results, 0, datasource._commit, datasource._abort, progress=False)
     assert load(warehouse, "both.orders").metadata.current_snapshot() is None
     replica = Replicator(warehouse, tasks=1)
     replica.run(public, batch_id=1)
