@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import sqlite3
+import tempfile
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
@@ -107,3 +109,20 @@ def keys_in_shard_index(path: str | os.PathLike, keys: Iterable[int]) -> set[int
     wanted = list(keys)
     found = open_sharded(str(path), 1).lookup(encode_keys([pa.array(wanted, type=pa.int64())]))
     return {k for k, location in zip(wanted, found) if location is not None}
+
+
+def sqlite_busy() -> sqlite3.OperationalError:
+    """SQLite's own SQLITE_BUSY ("database is locked": its error code says so, which is what
+    lakesink reads): another connection holds the write lock."""
+    with tempfile.TemporaryDirectory() as folder:
+        holder = sqlite3.connect(f"{folder}/catalog.db", isolation_level=None)
+        other = sqlite3.connect(f"{folder}/catalog.db", timeout=0)
+        try:
+            holder.execute("BEGIN EXCLUSIVE")
+            other.execute("CREATE TABLE t (x)")
+        except sqlite3.OperationalError as exc:
+            return exc
+        finally:
+            other.close()
+            holder.close()
+    raise AssertionError("SQLite did not refuse the second writer")

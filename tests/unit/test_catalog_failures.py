@@ -12,7 +12,6 @@ import errno
 import http.client
 import json
 import sqlite3
-import tempfile
 
 import psycopg2
 import psycopg2.errors
@@ -21,28 +20,12 @@ import requests
 import requests.exceptions
 import sqlalchemy.exc
 import urllib3.exceptions
+from lakesink_testing import sqlite_busy
 from pyiceberg.exceptions import BadRequestError, CommitFailedException, CommitStateUnknownException, ServerError
 
 from lakesink_datasource.catalog import failures  # noqa: F401  (registers the catalogs' rules)
 from lakesink_datasource.catalog.table_transaction import TransactionAborted
 from lakesink_datasource.iceberg.retry import Failure, classify, not_applied
-
-
-def _sqlite_busy() -> sqlite3.OperationalError:
-    """SQLite's own SQLITE_BUSY: another connection holds the write lock."""
-    with tempfile.TemporaryDirectory() as folder:
-        holder = sqlite3.connect(f"{folder}/c.db", isolation_level=None)
-        other = sqlite3.connect(f"{folder}/c.db", timeout=0)
-        try:
-            holder.execute("BEGIN EXCLUSIVE")
-            other.execute("CREATE TABLE t (x)")
-        except sqlite3.OperationalError as exc:
-            return exc
-        finally:
-            other.close()
-            holder.close()
-    raise AssertionError("SQLite did not refuse the second writer")
-
 
 CUT = http.client.IncompleteRead(b'{"metadata-location": "s3://', 2048)
 CHUNKED = requests.exceptions.ChunkedEncodingError(urllib3.exceptions.ProtocolError("Connection broken: IncompleteRead", CUT))
@@ -59,7 +42,7 @@ def _http_error(status: int) -> requests.exceptions.HTTPError:
     ("error", "kind"),
     [
         # SQLite
-        (sqlalchemy.exc.OperationalError("UPDATE", {}, _sqlite_busy()), Failure.LOCKED),
+        (sqlalchemy.exc.OperationalError("UPDATE", {}, sqlite_busy()), Failure.LOCKED),
         (sqlalchemy.exc.OperationalError("UPDATE", {}, sqlite3.OperationalError("disk I/O error")), Failure.FINAL),
         # PostgreSQL: no SQLSTATE (the server never answered), or the SQLSTATE of the class
         (sqlalchemy.exc.OperationalError("COMMIT", {}, psycopg2.OperationalError("SSL SYSCALL error: EOF detected")), Failure.AWAY),

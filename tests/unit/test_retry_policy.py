@@ -10,14 +10,13 @@ commit exceptions, a refused connection, S3 errors as pyarrow words them).
 from __future__ import annotations
 
 import re
-import sqlite3
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import sqlalchemy.exc
+from lakesink_testing import sqlite_busy
 from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException, ServerError
 
 import lakesink_datasource
@@ -39,20 +38,8 @@ from lakesink_datasource.iceberg.retry import (
 
 
 def _sqlite_lock() -> sqlalchemy.exc.OperationalError:
-    """SQLite's own "database is locked" (SQLITE_BUSY: its error code says so, which is what
-    lakesink reads), as SQLAlchemy wraps it: another connection holds the write lock."""
-    with tempfile.TemporaryDirectory() as folder:
-        holder = sqlite3.connect(f"{folder}/catalog.db", isolation_level=None)
-        other = sqlite3.connect(f"{folder}/catalog.db", timeout=0)
-        try:
-            holder.execute("BEGIN EXCLUSIVE")
-            other.execute("CREATE TABLE t (x)")
-        except sqlite3.OperationalError as exc:
-            return sqlalchemy.exc.OperationalError("UPDATE iceberg_tables", {}, exc)
-        finally:
-            other.close()
-            holder.close()
-    raise AssertionError("SQLite did not refuse the second writer")
+    """SQLite's own "database is locked", as SQLAlchemy wraps it."""
+    return sqlalchemy.exc.OperationalError("UPDATE iceberg_tables", {}, sqlite_busy())
 
 
 LOCKED = _sqlite_lock()
