@@ -9,10 +9,12 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
@@ -126,3 +128,29 @@ def sqlite_busy() -> sqlite3.OperationalError:
             other.close()
             holder.close()
     raise AssertionError("SQLite did not refuse the second writer")
+
+
+def numbered_parquet_source(directory: Path, parts: Sequence[Sequence[dict]], schema: pa.Schema) -> Path:
+    """Write one Parquet file per part, named 000.parquet, 001.parquet, ... with mtimes ten
+    seconds apart: a file stream with maxFilesPerTrigger=1 reads them in order, one per
+    micro-batch, whatever the file system's mtime resolution."""
+    directory.mkdir()
+    for b, part in enumerate(parts):
+        path = directory / f"{b:03d}.parquet"
+        pq.write_table(pa.Table.from_pylist(list(part), schema=schema), path)
+        os.utime(path, (1_700_000_000 + b * 10, 1_700_000_000 + b * 10))
+    return directory
+
+
+def stream_files_into_lakesink(spark: Any, source: Path, spark_schema: str, options: dict[str, str], checkpoint: Path) -> list[int]:
+    """Stream a numbered Parquet source into lakesink, one file per micro-batch, until it is
+    drained (availableNow); raise if the stream stopped on an error. Returns the batch ids
+    Spark's commit log holds."""
+    query = (
+        spark.readStream.schema(spark_schema).option("maxFilesPerTrigger", 1).parquet(str(source))
+        .writeStream.format("lakesink").options(**options)
+        .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+    )
+    query.awaitTermination()  # raises if the stream stopped
+    assert query.exception() is None
+    return sorted(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())

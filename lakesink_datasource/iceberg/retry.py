@@ -351,10 +351,6 @@ class RetryClock:
         (its start, its time spent failing) stay the operation's."""
         return RetryClock(self.policy, what or self.what, self._elapsed)
 
-    @property
-    def started(self) -> float:
-        return self._elapsed.started
-
     def adopt(self, policy: RetryPolicy) -> None:
         """Go on with `policy`'s budgets (the table's, once it is loaded), keeping what the
         operation spent so far."""

@@ -93,11 +93,6 @@ def unmapped(path: str) -> None:
         _sizes.pop(path, None)
 
 
-def maps_total() -> int:
-    with _lock:
-        return sum(_sizes.values())
-
-
 def _free(limit: int, own: int) -> tuple[int, int, int]:
     """(bytes the maps may still take, counting `own`'s current map as free; the process's
     use outside the maps; the maps' total)."""

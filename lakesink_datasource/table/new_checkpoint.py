@@ -15,7 +15,7 @@ query writing under that name; the first batch of another id under the name meet
   batch then writes as usual: the table holds what the new checkpoint's query writes, as a
   pipeline's own tables do after a full refresh (readers see it empty in between, as they see
   those);
-- `append`: the old behaviour, the rows are added to what is there.
+- `append`: the rows are added to what is there, as a write with no checkpoint check does.
 
 Planning decides (the driver reads the id from the checkpoint's `metadata` file); the commit
 checks again with the id the tasks report, so a checkpoint the driver cannot read (not on a

@@ -3,7 +3,7 @@
 A version is a row with `__start_at` and `__end_at` (the current one: `__end_at` null). The
 key index points at each key's current version, as it points at a plain keyed table's row,
 and keeps the sequence of the last change applied to the key. Per key shard, under its lock,
-`decide_versions`:
+`decide`:
 
 - reads the current versions of the chunk's keys from their data files (`current_rows.py`);
   a key with a change older than its last (a late event) has all of its versions read from
@@ -333,7 +333,7 @@ def decide(
         seq = runs.sequence(int(runs.rows[runs.first[which[j]]]))
         if seq is not None and not seq > last[j]:
             simple[j] = False  # a re-sent change: the rules say
-    parts = [_decide_simple(versions, runs, which, last, live, existing_of, np.flatnonzero(simple))]
+    parts = [_decide_simple(versions, runs, which, live, existing_of, np.flatnonzero(simple))]
     complex_keys = np.flatnonzero(~simple)
     if len(complex_keys):
         changes = {int(j): runs.of(int(which[j])) for j in complex_keys}
@@ -363,12 +363,10 @@ class _Part:
 
 
 def _decide_simple(
-    v: Versions, runs: Runs, which: np.ndarray, last: Sequence[bytes | None], live: np.ndarray, existing_of: dict[int, list[int]],
-    keys: np.ndarray,
+    v: Versions, runs: Runs, which: np.ndarray, live: np.ndarray, existing_of: dict[int, list[int]], keys: np.ndarray,
 ) -> _Part:
     """Keys with one change, newer than their last: with array operations."""
     k = len(keys)
-    del last
     row = runs.rows[runs.first[which[keys]]] if k else np.zeros(0, dtype=np.int64)
     delete = np.asarray(runs._deletes[row], dtype=bool) if k else np.zeros(0, dtype=bool)
     alive = live[keys] if k else np.zeros(0, dtype=bool)
@@ -397,7 +395,7 @@ def _decide_simple(
     # change must be placed before).
     in_place = ~delete & alive & tracked_same & ~data_same
     closes = alive & (delete | ~tracked_same)  # the current version ends at the change
-    n, m = v.n, v.m
+    n = v.n
     values = np.concatenate([current[closes] + n, row[opens], row[in_place]])
     starts = np.concatenate([n + current[closes], row[opens], n + current[in_place]])
     ends = np.concatenate([row[closes], np.full(int(opens.sum()) + int(in_place.sum()), v.open, dtype=np.int64)])
@@ -408,7 +406,6 @@ def _decide_simple(
     # delete's sequence), for a key that had one or a sequence it had not seen.
     tombstones = [(int(keys[j]), int(row[j]), runs.sequence(int(row[j]))) for j in np.flatnonzero(delete).tolist()]
     # Every change here counts as its key's last.
-    del m
     return _Part(values, starts, ends, is_current, owner, hidden, tombstones, keys, runs.sequences_of(row))
 
 

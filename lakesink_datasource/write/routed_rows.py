@@ -124,9 +124,6 @@ class RowCodec:
             columns += [F.shiftright(micros, 32).alias(f"{_PREFIX}{i}_hi"), micros.bitwiseAND(F.lit(0xFFFFFFFF)).alias(f"{_PREFIX}{i}_lo")]
         return df.select(*columns)
 
-    def encoded_schema(self, df: Any) -> Any:
-        return self.encode(df).schema
-
     def decode(self, frame: Any) -> pa.RecordBatch:
         """A frame the operator got, back to the DataFrame's columns and values in Arrow."""
         arrays: list[pa.Array] = []

@@ -22,10 +22,9 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from fault_proxy import HttpFaultProxy, PostgresDropProxy, Rule
-from lakesink_testing import expected_rows, rows
+from lakesink_testing import expected_rows, numbered_parquet_source, rows, stream_files_into_lakesink
 from pyiceberg.catalog import load_catalog
 from pyiceberg.table import Table
 
@@ -77,20 +76,8 @@ def _run(spark, workload: str, options: dict[str, str], table: str, tmp_path: Pa
         for part in batches:  # each write must return: a lost answer is no failure
             spark.createDataFrame(part, "id long, name string").write.format("lakesink").options(**all_options).mode("append").save()
         return batches
-    source = tmp_path / "source"
-    source.mkdir()
-    for b, part in enumerate(batches):
-        path = source / f"{b:03d}.parquet"
-        pq.write_table(pa.Table.from_pylist(part, schema=schema), path)
-        os.utime(path, (1_700_000_000 + b * 10, 1_700_000_000 + b * 10))
-    query = (
-        spark.readStream.schema("id long, name string").option("maxFilesPerTrigger", 1).parquet(str(source))
-        .writeStream.format("lakesink").options(**all_options)
-        .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start()
-    )
-    query.awaitTermination()  # raises if the stream stopped
-    assert query.exception() is None
-    assert sorted(int(p.name) for p in (tmp_path / "checkpoint" / "commits").iterdir() if p.name.isdigit()) == list(range(BATCHES))
+    source = numbered_parquet_source(tmp_path / "source", batches, schema)
+    assert stream_files_into_lakesink(spark, source, "id long, name string", all_options, tmp_path / "checkpoint") == list(range(BATCHES))
     return batches
 
 

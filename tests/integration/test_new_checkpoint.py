@@ -28,11 +28,11 @@ def write_source(folder: Path, index: int, rows: list[tuple[int, str]]) -> None:
     os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))  # Spark reads files by age: batch order = index
 
 
-def run(spark, source: Path, checkpoint: Path, **options: str) -> None:  # type: ignore[no-untyped-def]
-    """One availableNow run of the query named 'events', one source file per micro-batch."""
+def run(spark, source: Path, checkpoint: Path, query_name: str = "events", **options: str) -> None:  # type: ignore[no-untyped-def]
+    """One availableNow run of the named query, one source file per micro-batch."""
     query = (
         spark.readStream.schema("id long, v string").option("maxFilesPerTrigger", 1).parquet(str(source))
-        .writeStream.format("lakesink").queryName("events").option("checkpointLocation", str(checkpoint))
+        .writeStream.format("lakesink").queryName(query_name).option("checkpointLocation", str(checkpoint))
         .options(**options).trigger(availableNow=True).start()
     )
     query.awaitTermination()
@@ -95,3 +95,20 @@ def test_replace_recomputes_the_table_from_the_new_checkpoint(spark, tmp_path: P
     assert len([s for s in load(warehouse, "db.events").metadata.snapshots
                 if s.summary is not None and NEW_CHECKPOINT_SUMMARY in s.summary.additional_properties]) == 1
     assert check_table(load(warehouse, "db.events")) == []
+
+
+def test_replace_is_refused_when_another_query_writes_the_table_and_changes_nothing(spark, tmp_path: Path, warehouse: str) -> None:
+    options = {"table": "db.shared", "warehouse": warehouse, "new_checkpoint": "replace"}
+    events, audit = tmp_path / "events", tmp_path / "audit"
+    write_source(events, 0, [(i, "e") for i in range(4)])
+    write_source(audit, 0, [(i, "a") for i in range(10, 13)])
+    run(spark, events, tmp_path / "ck-events", **options)
+    run(spark, audit, tmp_path / "ck-audit", query_name="audit", **options)
+    before = current_snapshot_id(warehouse, "db.shared")
+
+    # Emptying the table for 'events' would take 'audit''s rows with it: refused, naming it.
+    with pytest.raises(StreamingQueryException, match=r"new_checkpoint=replace would empty table db\.shared .*'audit' write it too"):
+        run(spark, events, tmp_path / "ck-events-2", **options)
+    assert current_snapshot_id(warehouse, "db.shared") == before
+    rows = [{"id": i, "v": "e"} for i in range(4)] + [{"id": i, "v": "a"} for i in range(10, 13)]
+    assert_readers_see(warehouse, "db.shared", expected_rows(rows, COLUMNS), COLUMNS)

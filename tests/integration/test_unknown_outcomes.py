@@ -27,12 +27,11 @@ from pathlib import Path
 
 import psycopg2
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import requests.exceptions
 import sqlalchemy.exc
 import urllib3.exceptions
-from lakesink_testing import expected_rows, rows
+from lakesink_testing import expected_rows, numbered_parquet_source, rows, stream_files_into_lakesink
 from pyiceberg.catalog import load_catalog
 from pyiceberg.table import Table
 from pyspark import cloudpickle
@@ -85,20 +84,9 @@ def _pickled(errors: list[BaseException]) -> list[str]:
 def _stream(spark, options: dict[str, str], table: str, tmp_path: Path, batches: int) -> list[list[dict]]:  # type: ignore[no-untyped-def]
     parts = [[{"id": b * 100 + i, "name": f"b{b}-{i}"} for i in range(10)] for b in range(batches)]
     schema = pa.schema([("id", pa.int64()), ("name", pa.string())])
-    source = tmp_path / "source"
-    source.mkdir()
-    for b, part in enumerate(parts):
-        path = source / f"{b:03d}.parquet"
-        pq.write_table(pa.Table.from_pylist(part, schema=schema), path)
-        os.utime(path, (1_700_000_000 + b * 10, 1_700_000_000 + b * 10))
-    query = (
-        spark.readStream.schema("id long, name string").option("maxFilesPerTrigger", 1).parquet(str(source))
-        .writeStream.format("lakesink").options(**options, table=table, maintenance="off")
-        .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start()
-    )
-    query.awaitTermination()  # raises if the stream stopped
-    assert query.exception() is None
-    assert sorted(int(p.name) for p in (tmp_path / "checkpoint" / "commits").iterdir() if p.name.isdigit()) == list(range(batches))
+    source = numbered_parquet_source(tmp_path / "source", parts, schema)
+    all_options = {**options, "table": table, "maintenance": "off"}
+    assert stream_files_into_lakesink(spark, source, "id long, name string", all_options, tmp_path / "checkpoint") == list(range(batches))
     return parts
 
 

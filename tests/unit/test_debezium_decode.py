@@ -12,6 +12,7 @@ import base64
 import datetime as dt
 import decimal
 import json
+from collections import Counter
 
 import pyarrow as pa
 import pytest
@@ -188,10 +189,11 @@ def test_positions_order_each_connector_as_its_log_does() -> None:
         positions("mongodb", [Source()], ["c"])
 
 
-def test_the_bulk_read_gives_what_reading_record_by_record_gives() -> None:
+def test_the_bulk_read_gives_what_reading_record_by_record_gives(monkeypatch: pytest.MonkeyPatch) -> None:
     """Records are read in bulk once a topic's wrapper prefix is known (its first record,
     read whole, teaches it), else one by one: both ways must give the same rows, keys and
-    positions."""
+    positions, and the bulk read must really be taken (a fallback to one by one would pass
+    the comparison)."""
     import sys
     from pathlib import Path
 
@@ -220,7 +222,21 @@ def test_the_bulk_read_gives_what_reading_record_by_record_gives() -> None:
     one_by_one = decode(records, options, lambda _: None, bulk=False)
     envelope._PREFIXES.clear()
     envelope._KEY_PREFIXES.clear()
+    from lakesink_datasource.debezium import decode as decode_module
+
+    taken: list[tuple[str, int, bool]] = []
+    read_in_bulk = decode_module._in_bulk
+
+    def spied(task, topic, prefix, schema, members, *rest):  # type: ignore[no-untyped-def]
+        result = read_in_bulk(task, topic, prefix, schema, members, *rest)
+        taken.append((str(topic), len(members), result))
+        return result
+
+    monkeypatch.setattr(decode_module, "_in_bulk", spied)
     in_bulk = decode(records, options, lambda _: None)  # a topic's first record teaches its prefix, the rest go in bulk
+    # Every record that has a value (all but the tombstones) went in bulk, in one read per topic.
+    with_value = Counter(str(r["topic"]) for r in pg.records if r["value"] is not None)
+    assert sorted(taken) == sorted((topic, n, True) for topic, n in with_value.items())
     assert envelope.known_prefixes("pg.public.people") and envelope.key_prefix("pg.public.people")
     assert [t.identifier for t in in_bulk.tables] == [t.identifier for t in one_by_one.tables] == ["r.log", "r.people"]
     for a, b in zip(one_by_one.tables, in_bulk.tables):

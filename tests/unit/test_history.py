@@ -150,15 +150,24 @@ def test_any_history_matches_the_model(batches: list, drops: list[bool], tracked
             assert got_duckdb == expected
 
 
-def test_history_options_are_checked_before_anything_is_written() -> None:
-    with pytest.raises(OptionError, match="operation upsert or cdc"):
-        parse_options({"table": "db.t", "operation": "append", "history": "true"}) and plan_write(
-            parse_options({"table": "db.t", "operation": "append", "history": "true", "warehouse": "/tmp/nowhere-h"}), SCHEMA, False
-        )
-    with pytest.raises(OptionError, match="exclude each other"):
-        parse_options({"table": "db.t", "history": "true", "track_history_columns": "v", "track_history_except_columns": "w"})
-    with pytest.raises(OptionError, match="give history=true"):
-        parse_options({"table": "db.t", "track_history_columns": "v"})
+def test_history_options_are_checked_before_anything_is_written(warehouse: str) -> None:
+    from lakesink_testing import load, table_exists
+
+    kept = {"table": "db.kept", "warehouse": warehouse, "operation": "upsert", "primary_key": "id"}
+    plan_write(parse_options(kept), SCHEMA, overwrite=False)
+    before = load(warehouse, "db.kept").metadata_location
+    refused = [
+        ({"operation": "append", "history": "true"}, "operation upsert or cdc"),
+        ({"operation": "upsert", "primary_key": "id", "history": "true", "track_history_columns": "v", "track_history_except_columns": "v"},
+         "exclude each other"),
+        ({"operation": "upsert", "primary_key": "id", "track_history_columns": "v"}, "give history=true"),
+    ]
+    for options, message in refused:
+        for table in ("db.t", "db.kept"):  # a new table and an existing one
+            with pytest.raises(OptionError, match=message):
+                plan_write(parse_options({"table": table, "warehouse": warehouse, **options}), SCHEMA, overwrite=False)
+    assert not table_exists(warehouse, "db.t"), "a refused write created its table"
+    assert load(warehouse, "db.kept").metadata_location == before, "a refused write changed the table"
 
 
 def test_without_a_sequence_versions_start_at_the_batch_time(warehouse: str) -> None:
