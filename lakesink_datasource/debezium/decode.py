@@ -633,13 +633,16 @@ def _bulk_keys(task: _Records, topic: Any, members: np.ndarray, ops: pa.Array) -
             at[present] = np.arange(len(present))
             padded = pa.concat_tables([keys, pa.Table.from_arrays([pa.nulls(1, f.type) for f in keys.schema], schema=keys.schema)])
             return padded.take(pa.array(at)), keyless
-    return _keys_one_by_one([texts[int(i)] for i in members], keyless, topic)
+    return _keys_one_by_one(task, members, keyless, topic)
 
 
-def _keys_one_by_one(keys: list[Any], keyless: np.ndarray, topic: Any) -> tuple[pa.Table | None, np.ndarray]:
+def _keys_one_by_one(task: _Records, members: np.ndarray, keyless: np.ndarray, topic: Any) -> tuple[pa.Table | None, np.ndarray]:
     table = _Table("")
-    for j, k in enumerate(keys):
-        fields, schema = (None, None) if keyless[j] else read_key(k, RECORD, topic)
+    for j, i in enumerate(members.tolist()):
+        try:
+            fields, schema = (None, None) if keyless[j] else read_key(task.keys[i], RECORD, topic)
+        except DebeziumInputError as exc:  # named by its place in Kafka, as the one-by-one read names it
+            raise DebeziumInputError(str(exc).replace(RECORD, task.where(i))) from None
         table.keys.append(fields)
         table.key_schemas.append(schema)
     return _json_keys(table), keyless

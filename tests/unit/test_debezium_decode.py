@@ -12,6 +12,7 @@ import base64
 import datetime as dt
 import decimal
 import json
+import re
 from collections import Counter
 
 import pyarrow as pa
@@ -245,6 +246,28 @@ def test_the_bulk_read_gives_what_reading_record_by_record_gives(monkeypatch: py
     assert in_bulk.skipped == one_by_one.skipped == {"tombstones": 10}
     people_rows = in_bulk.tables[1].rows
     assert PLACEHOLDER in people_rows.column("name").to_pylist()  # left for the keyed write to fill
+
+
+def test_a_bad_key_read_in_bulk_is_named_by_topic_partition_and_offset() -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from debezium_events import Column, Connector, SourceDatabase, SourceTable, to_arrow
+
+    from lakesink_datasource.debezium import envelope
+
+    people = SourceTable("d", "public", "people", (Column("id", "int32", optional=False), Column("name", "string")), ("id",))
+    pg = SourceDatabase(Connector("postgresql", "pg"), [people])
+    for i in range(5):
+        pg.insert("people", {"id": i, "name": f"p{i}"})
+    records = [dict(r) for r in pg.records]
+    records[3]["key"] = b"7"  # after the first record, which is read whole: this one goes in bulk
+    envelope._PREFIXES.clear()
+    envelope._KEY_PREFIXES.clear()
+    where = f"the record at topic 'pg.public.people', partition {records[3]['partition']}, offset {records[3]['offset']}"
+    with pytest.raises(DebeziumInputError, match=f"^{re.escape(where)} has a key that is not a JSON object"):
+        decode(to_arrow(records), DebeziumOptions(namespace="r"), lambda _: None)
 
 
 @settings(max_examples=examples(200))
