@@ -5,6 +5,7 @@ import of a sibling or of a higher layer (which is what every import cycle needs
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,11 @@ def test_the_check_catches_an_upward_import(tmp_path: Path) -> None:
     targets = _imports(bad)
     assert targets == {"lakesink_datasource.commit.committer"}
     assert LAYER_OF[_unit(next(iter(targets)))] > LAYER_OF["iceberg"]
+
+
+def test_the_architecture_page_lists_these_layers() -> None:
+    """docs/architecture.md's layer table names the same packages, layer by layer."""
+    page = (ROOT.parent / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| ([^|]+) \|", page, flags=re.MULTILINE)
+    documented = [(int(n), set(re.findall(r"`([a-z_]+)`", names))) for n, names in rows]
+    assert documented == list(enumerate(LAYERS)), "make docs/architecture.md's layer table match LAYERS"
