@@ -124,6 +124,7 @@ class TaskResult(msgspec.Struct, frozen=True):
     # The newest truncate of the table among this task's events (its position, encoded as
     # sequences are): the commit hides every row ordered before it.
     truncated_at: bytes | None = None
+    truncates: tuple[bytes, ...] = ()  # every truncate's position among its events, in order
 
     def written_files(self) -> list[str]:
         """The files this attempt wrote for the batch's commit to reference: data files and the

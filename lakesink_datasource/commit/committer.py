@@ -153,7 +153,8 @@ def _end_at_truncate(table: Table, plan: WritePlan, results: list[TaskResult], a
     truncated = _truncated_at(plan, results)
     if truncated is None or plan.keyed is None or plan.keyed.history is None or not plan.keyed.table_sequence_columns:
         return
-    ended = end_versions_at(table.io, table.metadata, plan, added, hidden, truncated)
+    every = sorted({truncated, *plan.truncates, *(p for r in results for p in r.truncates)})
+    ended = end_versions_at(table.io, table.metadata, plan, added, hidden, every)
     added += ended.files
     for path, pending in ended.hidden.items():
         if path in hidden:

@@ -1,11 +1,13 @@
 """A source table's truncate in a history table (`history=true` with `cdc_format=debezium`).
 
 A plain replica hides every row ordered before the truncate (commit/overwrite.py, scope
-`before`). A history table keeps its past: the versions that held at the truncate's position
-T end there, the rest stay. At commit, so that every task's rows of the batch count: each
-live version with `__start_at` < T whose `__end_at` is null or after T (the batch's own rows
-included, a task of the batch that did not meet the truncate ended a version after T) is
-hidden and written again ending at T, in a file this commit adds.
+`before`). A history table keeps its past: the versions that held at a truncate's position
+T end there, the rest stay. The task that meets the truncate deletes its own keys at T
+(debezium/decode.py); the rest is done at commit, so that every task's rows of the batch
+count: each live version whose `__end_at` is null or after the first truncate T after its
+`__start_at` (the batch's own rows included: a task of the batch that did not meet the
+truncate ended a version after T) is hidden and written again ending at T, in a file this
+commit adds.
 
 The key index still points at the hidden open row of such a key; the next batch's tasks
 know it is no current version by its start, before the table's `lakesink.truncated-before`
@@ -14,6 +16,7 @@ know it is no current version by its start, before the table's `lakesink.truncat
 
 from __future__ import annotations
 
+import bisect
 import decimal
 import uuid
 from dataclasses import dataclass
@@ -53,17 +56,17 @@ class Ended:
 
 
 def end_versions_at(
-    io: FileIO, metadata: TableMetadata, plan: WritePlan, added: list[DataFile], hidden: dict[str, PendingDeletes], position: bytes,
+    io: FileIO, metadata: TableMetadata, plan: WritePlan, added: list[DataFile], hidden: dict[str, PendingDeletes],
+    truncates: list[bytes],
 ) -> Ended:
-    """End, at the truncate's `position` (encoded as sequences are), every version that held
-    there: live rows of the table and rows of the batch's files (`added`), less the rows the
-    batch hides already (`hidden`)."""
+    """End every version that held at one of the batch's truncates (`truncates`, encoded as
+    sequences are, in order) at the first of them after its start: live rows of the table and
+    rows of the batch's files (`added`), less the rows the batch hides already (`hidden`)."""
     history = plan.keyed.history if plan.keyed is not None else None
     assert history is not None
     schema = write_schema(plan, metadata)
     arrow_schema = table_arrow_schema(schema)
     kind = arrow_schema.field(history.end).type
-    end_value = pa.array([decode_bound(position, kind)], kind)
     snapshot = metadata.current_snapshot()
     gone = live_position_deletes(io, snapshot) if snapshot is not None else {}
     candidates = [(e.data_file, True) for e in live_data_files(io, snapshot)] if snapshot is not None else []
@@ -81,7 +84,7 @@ def end_versions_at(
             visible, positions = visible.filter(pa.array(keep)), positions[keep]
         if visible.num_rows == 0:
             continue
-        spans = _spanning(visible.column(history.start), visible.column(history.end), position)
+        spans, ends_at = _spanning(visible.column(history.start), visible.column(history.end), truncates)
         if not len(spans):
             continue
         at = positions[spans]
@@ -89,7 +92,8 @@ def end_versions_at(
         with io.new_input(f.file_path).open() as stream:
             chosen = _conform(pq.read_table(stream).take(pa.array(at)), arrow_schema)
         index = chosen.schema.get_field_index(history.end)
-        rows.append(chosen.set_column(index, chosen.schema.field(index), pa.repeat(end_value[0], chosen.num_rows)))
+        ended_at = pa.array([decode_bound(p, kind) for p in ends_at], kind)
+        rows.append(chosen.set_column(index, chosen.schema.field(index), ended_at))
         out.versions += len(spans)
     if rows:
         out.files = _write(io, metadata, plan, pa.concat_tables(rows))
@@ -102,8 +106,9 @@ def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def _spanning(starts: pa.ChunkedArray, ends: pa.ChunkedArray, position: bytes) -> np.ndarray:
-    """Rows whose version holds at `position`: started before it, not ended at or before it."""
+def _spanning(starts: pa.ChunkedArray, ends: pa.ChunkedArray, truncates: list[bytes]) -> tuple[np.ndarray, list[bytes]]:
+    """Rows whose version holds at a truncate (the first of `truncates`, in order, after its
+    start: it ends there unless it ended at or before it), and the truncate each ends at."""
     start = encode_keys([starts])
     end_column = ends.combine_chunks()
     valid = np.asarray(end_column.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
@@ -112,7 +117,14 @@ def _spanning(starts: pa.ChunkedArray, ends: pa.ChunkedArray, position: bytes) -
     if len(where):
         for i, e in zip(where.tolist(), encode_keys([end_column.take(pa.array(where))])):
             end[i] = e
-    return np.asarray([i for i, (s, e) in enumerate(zip(start, end)) if s < position and (e is None or e > position)], dtype=np.int64)
+    rows: list[int] = []
+    at: list[bytes] = []
+    for i, (s, e_or_open) in enumerate(zip(start, end)):
+        first = bisect.bisect_right(truncates, s)  # the first truncate after the start
+        if first < len(truncates) and (e_or_open is None or e_or_open > truncates[first]):
+            rows.append(i)
+            at.append(truncates[first])
+    return np.asarray(rows, dtype=np.int64), at
 
 
 def _write(io: FileIO, metadata: TableMetadata, plan: WritePlan, rows: pa.Table) -> list[DataFile]:

@@ -15,8 +15,10 @@ the row's: a delete's row may be the key alone), the op, and the position in the
 log (`positions.py`), the sequence a key's changes are ordered by.
 
 A truncate empties its table of every row ordered before it: this task's earlier rows of the
-table are dropped here, and its position travels to the commit, which hides the rows already
-in the table (and other tasks' rows) ordered before it. A table whose events carry no key
+table are dropped here (a history table keeps them as versions, and deletes each of the
+task's keys at the truncate), and its position travels to the commit, which hides the rows
+already in the table (and other tasks' rows) ordered before it (a history table: ends the
+versions that held at it). A table whose events carry no key
 (no primary key at the source) is kept as a change log: every event a row, with its op and
 position (a truncate too).
 """
@@ -82,6 +84,7 @@ class DecodedTable:
     keyed: bool  # False: a table without a primary key at the source, kept as a change log
     connector: str
     truncated_at: bytes | None = None  # the newest truncate's position (encoded as the sequence is)
+    truncates: tuple[bytes, ...] = ()  # every truncate's position, in order (a history table ends each version at the first after it)
     events: int = 0
     # The source table (db, schema, table) its events name; None: option table_name given (a
     # template may gather several source tables on purpose).
@@ -189,18 +192,21 @@ class _Records:
         return where(self.topics[i], self.partitions[i], self.offsets[i], i)
 
 
-def decode(records: pa.Table, options: DebeziumOptions, table_schema: TableSchema, *, bulk: bool = True) -> Decoded:
+def decode(
+    records: pa.Table, options: DebeziumOptions, table_schema: TableSchema, *, bulk: bool = True,
+    keeps_history: Callable[[str], bool] = lambda _: False,
+) -> Decoded:
     """Every table's rows of a task's records (columns as options names them). `bulk=False`
     reads every record one by one (the tests hold the two ways to the same result). Values
     written as null (PostgreSQL's infinity...) are counted with the records skipped."""
     with nulls_counted() as nulled:
-        out = _decode(records, options, table_schema, bulk)
+        out = _decode(records, options, table_schema, bulk, keeps_history)
     for what, count in nulled.items():
         out.skipped[what] = out.skipped.get(what, 0) + count
     return out
 
 
-def _decode(records: pa.Table, options: DebeziumOptions, table_schema: TableSchema, bulk: bool) -> Decoded:
+def _decode(records: pa.Table, options: DebeziumOptions, table_schema: TableSchema, bulk: bool, keeps_history: Callable[[str], bool]) -> Decoded:
     out = Decoded()
     n = records.num_rows
     if n == 0:
@@ -230,7 +236,7 @@ def _decode(records: pa.Table, options: DebeziumOptions, table_schema: TableSche
     out.skipped = skipped
     route = records.column(ROUTE_COLUMN).combine_chunks() if ROUTE_COLUMN in records.column_names else None
     for identifier in sorted(parts):
-        decoded = _table(identifier, connectors[identifier], parts[identifier], table_schema(identifier), route, task)
+        decoded = _table(identifier, connectors[identifier], parts[identifier], table_schema(identifier), route, task, keeps_history(identifier))
         if decoded is not None:
             if not options.table_name_given:
                 decoded = dataclasses.replace(decoded, source=task.sources[identifier])
@@ -652,7 +658,8 @@ def _keys_one_by_one(task: _Records, members: np.ndarray, keyless: np.ndarray, t
 
 
 def _table(
-    identifier: str, connector: str, parts: list[_Part], existing: pa.Schema | None, route: pa.Array | None, task: _Records
+    identifier: str, connector: str, parts: list[_Part], existing: pa.Schema | None, route: pa.Array | None, task: _Records,
+    history: bool,
 ) -> DecodedTable | None:
     part = parts[0] if len(parts) == 1 else _merged(parts)
     ops = part.ops.to_pylist()
@@ -681,6 +688,7 @@ def _table(
     if route is not None and keyed:
         rows = rows.append_column(ROUTE_COLUMN, route.take(pa.array(part.indices)))
     truncated_at = None
+    truncates_at: tuple[bytes, ...] = ()
     if not keyed and existing is None and not changes.all():
         # A change log starts with its table's first change: a truncate ordered before it, in
         # the batch that creates the table, has nothing to empty and is left out.
@@ -688,13 +696,42 @@ def _table(
         first = min(encoded[i] for i in np.flatnonzero(changes).tolist())
         rows = rows.filter(pa.array([changes[i] or encoded[i] > first for i in range(n)]))
     if keyed and not changes.all():
-        # The truncate is applied, not stored: this task's rows ordered before the newest one
-        # go here; the commit hides the table's own (and other tasks') rows before it.
+        # The truncate is applied, not stored. A replica: this task's rows ordered before the
+        # newest one go here; the commit hides the table's own (and other tasks') rows before
+        # it. A history table keeps the past: those rows become versions, each of this task's
+        # keys is deleted at the truncate (ending its version there, as the source did), and
+        # the commit ends the other versions that held at it (commit/history_truncate.py).
         encoded = encode_position(part.position)
-        truncated_at = max(encoded[i] for i in np.flatnonzero(~changes).tolist())
-        keep = np.fromiter((changes[i] and encoded[i] > truncated_at for i in range(n)), dtype=bool, count=n)
-        rows = rows.filter(pa.array(keep))
-    return DecodedTable(identifier, rows, key_names, keyed, connector, truncated_at, n)
+        truncates = np.flatnonzero(~changes)
+        truncated_at = max(encoded[i] for i in truncates.tolist())
+        truncates_at = tuple(sorted({encoded[i] for i in truncates.tolist()}))
+        if history:
+            rows = _deleted_at_truncates(rows, changes, key_names, truncates)
+        else:
+            keep = np.fromiter((changes[i] and encoded[i] > truncated_at for i in range(n)), dtype=bool, count=n)
+            rows = rows.filter(pa.array(keep))
+    return DecodedTable(identifier, rows, key_names, keyed, connector, truncated_at, truncates_at, n)
+
+
+def _deleted_at_truncates(rows: pa.Table, changes: np.ndarray, key_names: tuple[str, ...], truncates: np.ndarray) -> pa.Table:
+    """A history table's rows of a task that met truncates: its changes, and a delete of each
+    of its keys at each truncate's position (the row of the key's last change, as a delete's
+    before image, with op and position replaced)."""
+    kept = rows.filter(pa.array(changes))
+    if not key_names or kept.num_rows == 0:
+        return kept
+    numbered = kept.select(list(key_names)).append_column("__row", pa.array(np.arange(kept.num_rows, dtype=np.int64)))
+    last = numbered.group_by(list(key_names), use_threads=False).aggregate([("__row", "max")]).column("__row_max")
+    keys = kept.take(last)
+    op = keys.schema.get_field_index(OP_COLUMN)
+    at = keys.schema.get_field_index(POSITION_COLUMN)
+    positions = rows.column(POSITION_COLUMN)
+    deletes = [
+        keys.set_column(op, keys.schema.field(op), pa.array([DELETE_OP] * keys.num_rows, keys.schema.field(op).type))
+        .set_column(at, keys.schema.field(at), pa.repeat(positions[int(t)], keys.num_rows))
+        for t in truncates.tolist()
+    ]
+    return pa.concat_tables([kept, *deletes])
 
 
 def _merged(parts: list[_Part]) -> _Part:

@@ -60,7 +60,8 @@ def by_table(messages: list[WriterCommitMessage | None]) -> Tables:
         if identifier in tables:
             table_plan, table_messages = tables[identifier]
             newest = max(position, table_plan.truncated_at or position)
-            tables[identifier] = (msgspec.structs.replace(table_plan, truncated_at=newest), table_messages)
+            every = tuple(sorted({*table_plan.truncates, position}))
+            tables[identifier] = (msgspec.structs.replace(table_plan, truncated_at=newest, truncates=every), table_messages)
     return tables
 
 

@@ -56,6 +56,11 @@ class RoutingOptions(msgspec.Struct, frozen=True, kw_only=True):
             how = "cdc_format=debezium" if self.debezium is not None else f"routed by '{self.table_column}'"
             raise OptionError(f"table {identifier} ({how}): {exc}") from None
 
+    def keeps_history(self, identifier: str) -> bool:
+        """Whether the table's options (its own over the common ones) ask for history=true."""
+        given = {k.lower(): v for k, v in {**self.common, **self.per_table.get(identifier, {})}.items()}
+        return "history" in given and bool_option("history", given["history"])
+
     def identifier(self, name: str) -> str:
         """`name` as `namespace.table`; a bare name takes option `namespace`."""
         if "." in name:

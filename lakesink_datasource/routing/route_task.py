@@ -63,13 +63,13 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
     written: list[tuple[str, bytes, bytes]] = []
     done: list[tuple[WritePlan, LakeSinkCommitMessage]] = []
     try:
-        for identifier, (options, rows, checked, truncated_at, clustered) in incoming.items():
+        for identifier, (options, rows, checked, truncates, clustered) in incoming.items():
             plan = plan_routed_table(
                 options, _table_columns(rows), write.table_write_id(identifier), create=write.options.create_tables,
                 checked=checked, clustered=clustered,
             )
-            if truncated_at is not None:
-                plan = msgspec.structs.replace(plan, truncated_at=truncated_at)
+            if truncates:
+                plan = msgspec.structs.replace(plan, truncated_at=truncates[-1], truncates=truncates)
             opened_before = environment.cached_paths() if plan.keyed is not None else set()
             message = write_task(plan, iter(rows.to_batches()), who)
             if plan.keyed is not None:
@@ -84,9 +84,9 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
     return RoutedTablesMessage(written, notes.skipped, notes.change_logs, notes.truncates, notes.sources)
 
 
-# A table's options, rows, check, the truncate its rows end with (cdc_format=debezium), and
+# A table's options, rows, check, the truncates among its events, in order (cdc_format=debezium), and
 # whether its rows carry cluster_by_key's route (a keyed table's task then holds one key shard).
-Incoming = dict[str, tuple[WriteOptions, pa.Table, RoutedTableCheck, bytes | None, bool]]
+Incoming = dict[str, tuple[WriteOptions, pa.Table, RoutedTableCheck, tuple[bytes, ...], bool]]
 
 
 def _routed_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> Incoming:
@@ -114,7 +114,7 @@ def _routed_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> Inc
         key = checked.keyed.table_key_columns if checked.keyed is not None else options.primary_key  # a new table's: its option's
         if clustered and key and options.operation in KEYED_OPERATIONS:
             _check_clustered_keys(identifier, rows, key, stored)
-        incoming[identifier] = options, rows, checked, None, clustered
+        incoming[identifier] = options, rows, checked, (), clustered
     return incoming
 
 
@@ -152,7 +152,7 @@ def _debezium_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> t
             schema = pa.schema([f for f in schema if f.name not in (START, END)], metadata=schema.metadata)
         return schema
 
-    decoded = decode(records, debezium, schema_of) if records is not None else Decoded()
+    decoded = decode(records, debezium, schema_of, keeps_history=write.options.keeps_history) if records is not None else Decoded()
     incoming: Incoming = {}
     notes = TaskNotes(skipped=decoded.skipped, truncates=decoded.truncates)
     for part in decoded.tables:
@@ -191,7 +191,7 @@ def _debezium_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> t
             key = checked.keyed.table_key_columns if checked.keyed is not None else options.primary_key
             if key:
                 _check_clustered_keys(part.identifier, rows, key, schema_of(part.identifier))
-        incoming[part.identifier] = options, rows, checked, part.truncated_at if keyed else None, clustered
+        incoming[part.identifier] = options, rows, checked, part.truncates if keyed else (), clustered
     return incoming, notes
 
 

@@ -70,6 +70,7 @@ class WritePlan(msgspec.Struct, frozen=True, kw_only=True):
     # A routed task met its source table's truncate (cdc_format=debezium): its position,
     # encoded as the write's sequences are. The commit hides the rows ordered before it.
     truncated_at: bytes | None = None
+    truncates: tuple[bytes, ...] = ()  # every truncate's position, in order (truncated_at the last)
 
 
 def write_schema(plan: WritePlan, metadata: TableMetadata) -> Schema:

@@ -157,9 +157,13 @@ class KeyedWriter:
         state = self._index.get_state()
         self._floor = state.tombstone_floor if state is not None else None
         # A source table's truncate (cdc_format=debezium): changes ordered before the newest
-        # one are ignored, whenever they arrive (a lagging Kafka partition's, a replay's).
+        # one are ignored, whenever they arrive (a lagging Kafka partition's, a replay's). A
+        # history table's task applies its own batch's truncate as deletes of its keys
+        # (debezium/decode.py), so that the changes before it still become versions.
         truncates = [bytes.fromhex(metadata.properties[TRUNCATED_BEFORE])] if TRUNCATED_BEFORE in metadata.properties else []
-        self._truncated_before = max([*truncates, *([plan.truncated_at] if plan.truncated_at is not None else [])], default=None)
+        if plan.truncated_at is not None and (plan.keyed is None or plan.keyed.history is None):
+            truncates.append(plan.truncated_at)
+        self._truncated_before = max(truncates, default=None)
         self.tombstone_max: bytes | None = None  # the highest sequence this task's deletes carry (encoded)
         self._ordinals: dict[str, int] = {}  # encoded FileRef -> ordinal (this task's new files)
         self._hidden: dict[int, list[np.ndarray]] = defaultdict(list)  # ordinal -> positions

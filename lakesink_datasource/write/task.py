@@ -197,6 +197,7 @@ def _write_task(
                 planned_at=plan.planned_at,
                 plan_seconds=plan.plan_seconds,
                 truncated_at=plan.truncated_at,
+                truncates=plan.truncates,
                 **kwargs,
             )
         )

@@ -46,6 +46,7 @@ from lakesink_datasource import datasource
 from lakesink_datasource.check import check_table
 from lakesink_datasource.debezium.connect_schema import DebeziumSchemaError
 from lakesink_datasource.debezium.envelope import DebeziumInputError
+from lakesink_datasource.index import environment
 from lakesink_datasource.options import OptionError
 from lakesink_datasource.routing.route_commit import commit_routed
 from lakesink_datasource.routing.route_plan import plan_routed_write
@@ -493,6 +494,31 @@ def test_a_debezium_stream_into_history_tables_keeps_every_version(warehouse: st
     assert pyiceberg_rows(load(warehouse, "replica.audit"), ["msg"]) == Counter({("a",): 1})
 
 
+@pytest.mark.parametrize("tasks", [1, 2])
+def test_a_history_table_keeps_the_versions_a_truncate_in_the_same_batch_ends(warehouse: str, tasks: int) -> None:
+    """SCD type 2 keeps the past: a row inserted and updated, then truncated, all in one batch,
+    leaves its two versions, the second ended at the truncate; a row inserted in the same
+    batch after the truncate starts anew. (The batch's rows before its truncate once never
+    became versions.)"""
+    pg = SourceDatabase(Connector("postgresql", "pg"), [ORDERS])
+    replica = Replicator(warehouse, tasks=tasks, history="true")
+    pg.insert("orders", {"order_id": 1, "customer": 1, "total": "1.000", "notes": None})
+    pg.update("orders", (1,), {"total": "2.000"})
+    pg.insert("orders", {"order_id": 2, "customer": 2, "total": "5.000", "notes": None})
+    pg.truncate("orders")
+    pg.insert("orders", {"order_id": 1, "customer": 1, "total": "3.000", "notes": None})
+    replica.run(pg.records)
+    lsn = [e.position[0] for e in pg.events if e.table is ORDERS]  # insert 1, update 1, insert 2, truncate, insert 1
+    table = load(warehouse, "replica.orders")
+    rows = pyiceberg_rows(table, ["order_id", "total", "__start_at", "__end_at"])
+    got = sorted((r[0], r[1], dict(r[2])["lsn"], dict(r[3])["lsn"] if r[3] else None) for r in rows)
+    assert got == [
+        (1, decimal.Decimal("1.000"), lsn[0], lsn[1]), (1, decimal.Decimal("2.000"), lsn[1], lsn[3]),
+        (1, decimal.Decimal("3.000"), lsn[4], None), (2, decimal.Decimal("5.000"), lsn[2], lsn[3]),
+    ]
+    assert check_table(table) == []
+
+
 def test_a_history_table_from_events_without_connect_schemas_keeps_its_own_columns_out_of_the_input(warehouse: str) -> None:
     """JsonConverter with schemas off: a batch's values take their types from the existing
     table, whose __start_at/__end_at are the history's own, not the events' (found by the
@@ -759,3 +785,57 @@ def test_a_table_written_with_the_old_position_layout_is_refused_and_left_as_it_
     with pytest.raises(DebeziumSchemaError, match=r"replica\.pg_items: its column __source_position holds \(lsn, last_commit_lsn, kafka_offset\)"):
         Replicator(warehouse, tasks=1).run([r for step in steps for r in step])
     assert load(warehouse, "replica.pg_items").metadata.current_snapshot() is None
+
+
+_SOURCE_STEP = st.tuples(st.sampled_from(["insert", "update", "update", "delete", "truncate"]), st.integers(0, 4))
+
+
+@settings(max_examples=examples(40))
+@given(steps=st.lists(_SOURCE_STEP, min_size=1, max_size=20), cuts=st.lists(st.integers(1, 19), max_size=3), tasks=st.sampled_from([1, 2]))
+def test_a_debezium_history_table_with_truncates_matches_the_scd2_model(steps: list[tuple[str, int]], cuts: list[int], tasks: int) -> None:
+    """A PostgreSQL table's inserts, updates, deletes and truncates (keys over two Kafka
+    partitions), in batches cut anywhere, into a history table: it holds the versions of the
+    independent SCD type 2 model (tests/scd2_model.py), bounds being the events' LSNs. Each
+    batch holds every partition's events of a range of the source's log (no partition lags
+    behind a truncate: docs/limits.md)."""
+    from scd2_model import Change, history
+
+    t = SourceTable("d", "public", "kv", ITEM_COLUMNS_KV, ("id",))
+    pg = SourceDatabase(Connector("postgresql", "pg", partitions=2), [t])
+    ends: list[int] = []  # records written after each step
+    for n, (kind, key) in enumerate(steps):
+        if kind == "insert":
+            pg.insert("kv", {"id": key, "v": f"i{n}"})
+        elif kind == "update":
+            pg.update("kv", (key,), {"v": f"u{n}"})  # values never repeat: every update is a change of v
+        elif kind == "delete":
+            pg.delete("kv", (key,))
+        else:
+            pg.truncate("kv")
+        ends.append(len(pg.records))
+    bounds = sorted({ends[c] for c in cuts if c < len(ends)} | {ends[-1]})
+    changes = [
+        Change(None, (e.position[0],), "truncate", None) if e.op == "t"
+        else Change((e.row["id"],), (e.position[0],), "delete" if e.op == "d" else "upsert", None if e.op == "d" else {"v": e.row["v"]})
+        for e in pg.events
+    ]
+    expected = Counter((v.key[0], v.values["v"], v.start[0], None if v.end is None else v.end[0]) for v in history([changes]))
+    with tempfile.TemporaryDirectory() as warehouse:
+        try:
+            got = _history_replica(warehouse, tasks, [pg.records[a:b] for a, b in zip([0, *bounds], bounds)])
+        finally:  # the example's index environments go with its directory (hundreds of examples in one process)
+            environment.close_cached([p for p in environment.cached_paths() if p.startswith(warehouse)])
+    assert got == expected, f"missing {dict(expected - got)}, unexpected {dict(got - expected)}"
+
+
+def _history_replica(warehouse: str, tasks: int, batches: list[list[dict[str, Any]]]) -> Counter:
+    """The history table replica.kv's versions as (id, v, start LSN, end LSN) after `batches`."""
+    replica = Replicator(warehouse, tasks=tasks, history="true")
+    for batch in batches:
+        replica.run(batch)
+    if not table_exists(warehouse, "replica.kv"):
+        return Counter()  # only truncates: no table, no version
+    table = load(warehouse, "replica.kv")
+    assert check_table(table) == []
+    rows = pyiceberg_rows(table, ["id", "v", "__start_at", "__end_at"])
+    return Counter({(i, v, dict(s)["lsn"], dict(e)["lsn"] if e else None): c for (i, v, s, e), c in rows.items()})
