@@ -62,16 +62,23 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     # No spark.dataSource.register: Spark finds format("lakesink") by itself (pyspark_lakesink).
 
-    query = (
-        spark.readStream.schema("id long, user string, amount double, ts timestamp")
-        .option("maxFilesPerTrigger", 1).parquet(source)
-        .writeStream.format("lakesink")
-        .option("table", "demo.events")
-        .option("partition_by", "days(ts), bucket(4, id)")
-        .option("checkpointLocation", os.path.join(work, "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    try:
+        query = (
+            spark.readStream.schema("id long, user string, amount double, ts timestamp")
+            .option("maxFilesPerTrigger", 1).parquet(source)
+            .writeStream.format("lakesink")
+            .option("table", "demo.events")
+            .option("partition_by", "days(ts), bucket(4, id)")
+            .option("checkpointLocation", os.path.join(work, "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+    except Exception as exc:
+        if "DATA_SOURCE_NOT_FOUND" not in str(exc):
+            raise
+        from lakesink_datasource.spark_lookup import lookup_problem
+
+        raise SystemExit(f"Spark did not find format('lakesink'): {lookup_problem() or exc}") from None
     query.awaitTermination()
     spark.stop()
 

@@ -16,6 +16,8 @@ import pyspark
 import pytest
 from pyspark.sql.worker import lookup_data_sources
 
+from lakesink_datasource.spark_lookup import lookup_problem
+
 ROOT = Path(__file__).resolve().parents[2]
 # What the lookup may not import: each is a cost every session would pay, used or not.
 HEAVY = ("pyarrow", "msgspec", "pyiceberg.table", "pyiceberg.catalog", "lakesink_datasource.table", "lakesink_datasource.iceberg")
@@ -82,7 +84,7 @@ print(json.dumps({{"names": sorted(sources), "module": module, "error": error}})
 @needs_lookup_main
 def test_spark_s_lookup_finds_lakesink() -> None:
     found = _lookup([])
-    assert "lakesink" in found["names"]
+    assert "lakesink" in found["names"], lookup_problem()
     assert found["module"] == "lakesink_datasource.datasource"
     assert "option 'table' is required" in found["error"]  # the real source, planning a write with no options
 
@@ -130,3 +132,33 @@ def test_the_wheel_and_the_sdist_ship_the_module(tmp_path: Path) -> None:
     with tarfile.open(tmp_path / sdist.stdout.strip().splitlines()[-1]) as archive:
         assert any(n.endswith("/pyspark_lakesink/__init__.py") for n in archive.getnames())
 
+
+
+def test_an_install_spark_s_lookup_cannot_see_is_explained_with_what_to_run(tmp_path: Path) -> None:
+    """setuptools' default editable install serves pyspark_lakesink through an import hook,
+    not a sys.path entry: it imports, but Spark's lookup lists nothing. The same here: the
+    module's directory taken off sys.path and served by a meta path finder."""
+    import pyspark_lakesink
+
+    assert lookup_problem() is None  # this Python: seen (CI installs lakesink in compat mode)
+    home = str(Path(pyspark_lakesink.__file__).parents[1])
+    code = f"""
+import importlib.abc, importlib.util, sys
+home = {home!r}
+sys.path[:] = [p for p in sys.path if p not in (home, "")]
+for name in [m for m in sys.modules if m.startswith(("pyspark_lakesink", "lakesink_datasource"))]:
+    del sys.modules[name]
+class Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        top = name.split(".")[0]
+        if top in ("pyspark_lakesink", "lakesink_datasource") and path is None:
+            return importlib.util.spec_from_file_location(name, f"{{home}}/{{top}}/__init__.py", submodule_search_locations=[f"{{home}}/{{top}}"])
+        return None
+sys.meta_path.insert(0, Hook())
+import pyspark_lakesink  # imports through the hook
+from lakesink_datasource.spark_lookup import lookup_problem
+print(lookup_problem())
+"""
+    run = _python(code)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "editable_mode=compat" in run.stdout and "spark.dataSource.register" in run.stdout, run.stdout
