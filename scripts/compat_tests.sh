@@ -11,8 +11,9 @@
 # spark-submit job that finds it by name and then registers it (refused on 4.0), the pipeline
 # example (4.1 and newer: run, then run again with nothing new), and one exactly-once kill
 # test of a keyed upsert stream, a different crash window on each minor (after the commit,
-# during the tasks' writes, a task failure), so the three older minors cover all three; 4.0,
-# whose stream sink gets Rows, also kills an append after its commit. Every test the set
+# during the tasks' writes, a task failure), so the three older minors cover all three; the
+# newest minor runs the three other (window, cluster_by_key or not) pairs. 4.0, whose stream
+# sink gets Rows, also kills an append after its commit. Every test the set
 # names keeps all its assertions; the whole suite runs on the newest minor.
 # Usage: scripts/compat_tests.sh 4.1
 set -euo pipefail
