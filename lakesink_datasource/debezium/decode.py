@@ -84,7 +84,8 @@ class DecodedTable:
     keyed: bool  # False: a table without a primary key at the source, kept as a change log
     connector: str
     truncated_at: bytes | None = None  # the newest truncate's position (encoded as the sequence is)
-    truncates: tuple[bytes, ...] = ()  # every truncate's position, in order (a history table ends each version at the first after it)
+    # Every truncate's position, in order: a history table ends each version at the first after it.
+    truncates: tuple[bytes, ...] = ()
     events: int = 0
     # The source table (db, schema, table) its events name; None: option table_name given (a
     # template may gather several source tables on purpose).

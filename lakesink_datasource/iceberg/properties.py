@@ -1,9 +1,10 @@
 """Iceberg table properties lakesink honours: names, defaults and parsing in one place.
 
 The counterpart of Iceberg Java's `TableProperties` / `PropertyUtil`: every tunable setting
-(codecs, retries, target sizes, metadata retention) is read from the table's properties through `TableSettings`, with Iceberg's defaults. A property
-value that cannot be parsed is an error naming the property (raised before anything is
-written when it comes from a write option).
+(codecs, retries, target sizes, metadata retention) is read from the table's properties
+through `TableSettings`, with Iceberg's defaults. A property value that cannot be parsed is
+an error naming the property (raised before anything is written when it comes from a write
+option).
 """
 
 from __future__ import annotations
