@@ -19,7 +19,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MINOR=${1:?usage: scripts/compat_tests.sh MINOR}
-VENV=$(./scripts/compat_venv.sh "$MINOR")
+# .ci/run makes the venvs beforehand (LAKESINK_COMPAT_VENVS_MADE=1): no install runs beside
+# the suite's own wheel and sdist builds of this tree.
+if [ "${LAKESINK_COMPAT_VENVS_MADE:-}" = 1 ] && [ -x ".venv-spark$MINOR/bin/python" ]; then
+  VENV=".venv-spark$MINOR"
+else
+  VENV=$(./scripts/compat_venv.sh "$MINOR")
+fi
 KEYED_KILLS="tests/integration/test_exactly_once.py::test_keyed_upserts_survive_crashes_and_the_index_recovers"
 case "$MINOR" in
   4.0) KILLS=("$KEYED_KILLS[kill-after-commit-cluster_by_key]"

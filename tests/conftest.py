@@ -59,6 +59,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 _LEFT_OUT = pytest.StashKey[int]()
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # .ci/run runs the older minors' compatibility sets beside the unit tests (which leave
+    # one of two cores idle), from when this file exists: the first unit test makes it.
+    mark = os.environ.get("LAKESINK_CI_UNIT_TESTS_STARTED")
+    if mark and item.nodeid.startswith("tests/unit/") and not os.path.exists(mark):
+        Path(mark).touch()
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     left_out = config.stash.get(_LEFT_OUT, 0)
     if left_out:
