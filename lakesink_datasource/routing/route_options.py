@@ -48,7 +48,7 @@ class RoutingOptions(msgspec.Struct, frozen=True, kw_only=True):
         """The write options of one table: the common ones, its own over them, and what its
         events decide (`derived`: with cdc_format, its key, op and order) over both; options
         named in `without` left out (what a change log cannot take)."""
-        given = {**self.common, **self.per_table.get(identifier, {})}
+        given = self._given(identifier)
         raw = {**{k: v for k, v in given.items() if k.lower() not in without}, **(derived or {}), "table": identifier}
         try:
             return parse_options(raw)
@@ -58,8 +58,12 @@ class RoutingOptions(msgspec.Struct, frozen=True, kw_only=True):
 
     def keeps_history(self, identifier: str) -> bool:
         """Whether the table's options (its own over the common ones) ask for history=true."""
-        given = {k.lower(): v for k, v in {**self.common, **self.per_table.get(identifier, {})}.items()}
+        given = {k.lower(): v for k, v in self._given(identifier).items()}
         return "history" in given and bool_option("history", given["history"])
+
+    def _given(self, identifier: str) -> dict[str, str]:
+        """The options given for the table: its own over the common ones."""
+        return {**self.common, **self.per_table.get(identifier, {})}
 
     def identifier(self, name: str) -> str:
         """`name` as `namespace.table`; a bare name takes option `namespace`."""
