@@ -125,6 +125,7 @@ class TaskResult(msgspec.Struct, frozen=True):
     # sequences are): the commit hides every row ordered before it.
     truncated_at: bytes | None = None
     truncates: tuple[bytes, ...] = ()  # every truncate's position among its events, in order
+    binlogs: str | None = None  # MySQL/MariaDB: what its partitions showed of the binlogs (debezium/failovers.py)
 
     def written_files(self) -> list[str]:
         """The files this attempt wrote for the batch's commit to reference: data files and the

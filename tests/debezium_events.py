@@ -455,6 +455,11 @@ class OrderCase:
     steps: tuple[tuple[str, int, str, dict[str, Any]], ...]  # op, id, v, the source's position fields
     expected: dict[int, str]  # id -> v: the source's rows at the end
     cut: int  # a two-batch run ends its first batch before this step
+    name: str = ""  # the test id (default: the connector)
+
+    @property
+    def id(self) -> str:
+        return self.name or self.connector
 
     def records(self, prefix: str) -> list[list[dict[str, Any]]]:
         """Each step's Kafka records (one partition: a key's events share one)."""
@@ -531,4 +536,20 @@ MYSQL_FLINK_SNAPSHOT = OrderCase("mysql", SourceTable("inventory", None, "my_ite
     ("u", 1, "rotated1", _my("mysql-bin.000004", 4, 1)),
 ), {1: "rotated1", 2: "snap2", 3: "streamed3"}, cut=3)
 
-ORDER_CASES = (PG_IN_FLIGHT, ORACLE_IN_FLIGHT, SQLSERVER_RESNAPSHOT, MYSQL_FLINK_SNAPSHOT)
+
+def _gtid(file: str, pos: int, gtid: str | None, snapshot: str = "false") -> dict[str, Any]:
+    return {**_my(file, pos, 0, snapshot), "gtid": gtid}
+
+
+_OLD_PRIMARY, _NEW_PRIMARY = "3e11fa47-71ca-11e1-9e33-c80aa9429562", "6f1b2c3d-0a0b-11ef-8f2e-0242ac120003"
+# GTIDs on; the snapshot and the first changes come from the old primary's binlog 120. The
+# primary fails over to a replica whose binlog is at 3: its own transactions (a GTID of its
+# uuid) sit below everything before, and are the newest changes.
+MYSQL_FAILOVER = OrderCase("mysql", SourceTable("inventory", None, "my_failover", ITEM_COLUMNS, ("id",)), (
+    ("r", 1, "snap1", _gtid("mysql-bin.000120", 900, None, "first")), ("r", 2, "snap2", _gtid("mysql-bin.000120", 900, None, "last")),
+    ("u", 1, "old primary", _gtid("mysql-bin.000120", 1200, f"{_OLD_PRIMARY}:57")),
+    ("u", 1, "new primary", _gtid("mysql-bin.000003", 200, f"{_NEW_PRIMARY}:1")),
+    ("u", 2, "new primary", _gtid("mysql-bin.000003", 350, f"{_NEW_PRIMARY}:2")),
+), {1: "new primary", 2: "new primary"}, cut=2, name="mysql-failover")
+
+ORDER_CASES = (PG_IN_FLIGHT, ORACLE_IN_FLIGHT, SQLSERVER_RESNAPSHOT, MYSQL_FLINK_SNAPSHOT, MYSQL_FAILOVER)

@@ -51,6 +51,7 @@ from lakesink_datasource.commit.snapshot_producer import RowDelta, SnapshotProdu
 from lakesink_datasource.commit.spec_update import default_spec_updates
 from lakesink_datasource.commit.swap import PreparedCommit, swap_in
 from lakesink_datasource.commit.validation import ConflictError, ConflictKind
+from lakesink_datasource.debezium.failovers import BINLOGS_PROPERTY, encode_binlogs, merged, read_binlogs
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg import summary_keys as keys
@@ -233,7 +234,7 @@ def _truncated_at(plan: WritePlan, results: list[TaskResult]) -> bytes | None:
 
 def _pending_properties(
     plan: WritePlan, base: TableMetadata, query_id: str | None, batch_id: int | None, tombstone_max: bytes | None = None,
-    note: str | None = None, truncated: bytes | None = None,
+    note: str | None = None, truncated: bytes | None = None, binlogs: tuple[str, ...] = (),
 ) -> dict[str, str]:
     """Table properties this commit sets: the write's `property.<key>` options that differ from
     the table's, the query's last committed epoch (replay detection that survives expiry),
@@ -244,6 +245,9 @@ def _pending_properties(
         recorded = base.properties.get(TRUNCATED_BEFORE)
         if recorded is None or bytes.fromhex(recorded) < truncated:
             wanted[TRUNCATED_BEFORE] = truncated.hex()
+    if binlogs:
+        # What the tasks' partitions showed, over what the table held when this attempt began.
+        wanted[BINLOGS_PROPERTY] = encode_binlogs(merged([read_binlogs(base.properties.get(BINLOGS_PROPERTY)), *map(read_binlogs, binlogs)]))
     if note is not None:
         wanted[keys.MAINTENANCE_NOTE] = note
     if tombstone_max is not None:
@@ -315,7 +319,7 @@ def _written_spec(results: list[TaskResult]) -> int | None:
 def _attempt(
     producer: SnapshotProducer, plan: WritePlan, table: Table, attempt: int, extra: dict[str, str],
     query_id: str | None, batch_id: int | None, written: _WrittenSchema | None = None, spec_id: int | None = None,
-    tombstone_max: bytes | None = None,
+    tombstone_max: bytes | None = None, binlogs: tuple[str, ...] = (),
 ) -> PreparedCommit:
     base = table.metadata
     expired: list[int] = []
@@ -338,7 +342,8 @@ def _attempt(
     note = extra.get(keys.MAINTENANCE_NOTE)
     truncated = bytes.fromhex(extra[keys.TRUNCATED]) if keys.TRUNCATED in extra else None
     return PreparedCommit(
-        base, snapshot, _pending_properties(plan, base, query_id, batch_id, tombstone_max, note, truncated), expired, plan.options.branch,
+        base, snapshot, _pending_properties(plan, base, query_id, batch_id, tombstone_max, note, truncated, binlogs), expired,
+        plan.options.branch,
         layout_changes,
     )
 
@@ -508,7 +513,10 @@ def commit_write(
         fault_point("before_commit", batch_id, table=plan.identifier)
         extra[keys.COMMIT_PREPARE_SECONDS] = f"{time.perf_counter() - started:.3f}"
         try:
-            prepared = _attempt(producer, plan, table, number, extra, query_id, batch_id, written_schema, written_spec, tombstone_max)
+            prepared = _attempt(
+                producer, plan, table, number, extra, query_id, batch_id, written_schema, written_spec, tombstone_max,
+                tuple(r.binlogs for r in results if r.binlogs),
+            )
         except ConflictError as exc:
             forget()
             raise CommitError(str(exc), exc.kind) from exc

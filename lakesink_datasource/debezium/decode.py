@@ -65,8 +65,9 @@ from lakesink_datasource.debezium.envelope import (
     refuse_mongodb,
     where,
 )
+from lakesink_datasource.debezium.failovers import count_failovers, encode_binlogs, read_binlogs, without_failovers
 from lakesink_datasource.debezium.options import DebeziumOptions
-from lakesink_datasource.debezium.positions import POSITION_COLUMN, SOURCE_FIELDS, positions, positions_of
+from lakesink_datasource.debezium.positions import FAILOVERS, GTID, POSITION_COLUMN, SOURCE_FIELDS, positions, positions_of
 from lakesink_datasource.index.key_encoding import encode_keys
 from lakesink_datasource.index.key_route import ROUTE_COLUMN
 
@@ -90,6 +91,7 @@ class DecodedTable:
     # The source table (db, schema, table) its events name; None: option table_name given (a
     # template may gather several source tables on purpose).
     source: SourceName | None = None
+    binlogs: str | None = None  # MySQL/MariaDB: what its partitions showed of the binlogs (failovers.py)
 
 
 @dataclass
@@ -108,6 +110,8 @@ SourceName = tuple[str | None, str | None, str]
 # The Arrow schema a table already has (None: it does not exist): a row read without
 # Connect schemas takes its column types from it, as any routed JSON payload does.
 TableSchema = Callable[[str], pa.Schema | None]
+# A table's BINLOGS_PROPERTY (None: none, or no such table).
+KnownBinlogs = Callable[[str], str | None]
 # Raw JSON: msgspec's view of the record's bytes, a view of them, or bytes.
 Json = bytes | msgspec.Raw | memoryview
 
@@ -195,19 +199,22 @@ class _Records:
 
 def decode(
     records: pa.Table, options: DebeziumOptions, table_schema: TableSchema, *, bulk: bool = True,
-    keeps_history: Callable[[str], bool] = lambda _: False,
+    keeps_history: Callable[[str], bool] = lambda _: False, binlogs: KnownBinlogs = lambda _: None,
 ) -> Decoded:
     """Every table's rows of a task's records (columns as options names them). `bulk=False`
     reads every record one by one (the tests hold the two ways to the same result). Values
     written as null (PostgreSQL's infinity...) are counted with the records skipped."""
     with nulls_counted() as nulled:
-        out = _decode(records, options, table_schema, bulk, keeps_history)
+        out = _decode(records, options, table_schema, bulk, keeps_history, binlogs)
     for what, count in nulled.items():
         out.skipped[what] = out.skipped.get(what, 0) + count
     return out
 
 
-def _decode(records: pa.Table, options: DebeziumOptions, table_schema: TableSchema, bulk: bool, keeps_history: Callable[[str], bool]) -> Decoded:
+def _decode(
+    records: pa.Table, options: DebeziumOptions, table_schema: TableSchema, bulk: bool, keeps_history: Callable[[str], bool],
+    binlogs: KnownBinlogs,
+) -> Decoded:
     out = Decoded()
     n = records.num_rows
     if n == 0:
@@ -237,14 +244,30 @@ def _decode(records: pa.Table, options: DebeziumOptions, table_schema: TableSche
     out.skipped = skipped
     route = records.column(ROUTE_COLUMN).combine_chunks() if ROUTE_COLUMN in records.column_names else None
     for identifier in sorted(parts):
-        decoded = _table(identifier, connectors[identifier], parts[identifier], table_schema(identifier), route, task, keeps_history(identifier))
+        existing = table_schema(identifier)
+        table_parts = parts[identifier]
+        part, seen = _across_failovers(table_parts[0] if len(table_parts) == 1 else _merged(table_parts), existing, task, binlogs(identifier))
+        decoded = _table(identifier, connectors[identifier], part, existing, route, task, keeps_history(identifier))
         if decoded is not None:
-            if not options.table_name_given:
-                decoded = dataclasses.replace(decoded, source=task.sources[identifier])
+            decoded = dataclasses.replace(decoded, binlogs=seen, source=task.sources[identifier] if not options.table_name_given else None)
             out.tables.append(decoded)
         else:
-            out.truncates[identifier] = max(max(encode_position(p.position)) for p in parts[identifier])
+            out.truncates[identifier] = max(encode_position(part.position))
     return out
+
+
+def _across_failovers(part: _Part, existing: pa.Schema | None, task: _Records, known: str | None) -> tuple[_Part, str | None]:
+    """A MySQL/MariaDB table's positions with the failovers its partitions showed (and what
+    they showed, for the table's property); other connectors' as they are."""
+    if GTID not in part.position.type.names:
+        return part, None
+    stored = existing.field(POSITION_COLUMN).type if existing is not None and POSITION_COLUMN in existing.names else None
+    if stored is not None and FAILOVERS not in [f.name for f in stored]:
+        return dataclasses.replace(part, position=without_failovers(part.position)), None
+    indices = part.indices.tolist()
+    where = [f"{task.topics[i]}/{task.partitions[i]}" for i in indices]
+    position, binlogs = count_failovers(part.position, where, [task.offsets[i] for i in indices], read_binlogs(known))
+    return dataclasses.replace(part, position=position), encode_binlogs(binlogs)
 
 
 def _list(records: pa.Table, column: str | None, n: int) -> list[Any]:
@@ -659,10 +682,8 @@ def _keys_one_by_one(task: _Records, members: np.ndarray, keyless: np.ndarray, t
 
 
 def _table(
-    identifier: str, connector: str, parts: list[_Part], existing: pa.Schema | None, route: pa.Array | None, task: _Records,
-    history: bool,
+    identifier: str, connector: str, part: _Part, existing: pa.Schema | None, route: pa.Array | None, task: _Records, history: bool,
 ) -> DecodedTable | None:
-    part = parts[0] if len(parts) == 1 else _merged(parts)
     ops = part.ops.to_pylist()
     n = len(ops)
     changes = np.fromiter((op != TRUNCATE_OP for op in ops), dtype=bool, count=n)

@@ -54,6 +54,7 @@ class Source(msgspec.Struct):
     file: Any = None  # MySQL, MariaDB
     pos: Any = None
     row: Any = None
+    gtid: Any = None
     change_lsn: Any = None  # SQL Server
     commit_lsn: Any = None
     event_serial_no: Any = None

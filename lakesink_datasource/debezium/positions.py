@@ -16,10 +16,12 @@ connector's position is read commit first:
 - SQL Server: `commit_lsn`, `change_lsn`, `event_serial_no`, as Debezium's own
   `TxLogPosition.compareTo` (a snapshot row has no `change_lsn`, which sorts first; LSNs are
   fixed-width hex text, so text order is log order);
-- MySQL and MariaDB: the binlog's `file` number (`mysql-bin.000003`), `pos`, whether
-  streamed, `row` (the binlog is in commit order; `pos` restarts in each new file; rows of
-  one statement share `pos`). A snapshot row carries the binlog position the snapshot began
-  at (Flink CDC's snapshot rows: an empty `file` and `pos` 0, ordered first).
+- MySQL and MariaDB: the failovers the Kafka partition showed before the change
+  (failovers.py: another server's binlog positions are its own), the binlog's `file` number
+  (`mysql-bin.000003`), `pos`, whether streamed, `row` (the binlog is in commit order; `pos`
+  restarts in each new file; rows of one statement share `pos`). A snapshot row carries the
+  binlog position the snapshot began at (Flink CDC's snapshot rows: an empty `file` and
+  `pos` 0, ordered first).
 "Streamed" is 0 for a snapshot read (op `r`, `snapshot` other than `incremental`), 1 for
 anything else: an incremental snapshot's reads carry the streaming position they were sent at.
 
@@ -28,8 +30,8 @@ at new offsets, and such a copy is at (not above) the key's stored position, so 
 as stale. A position is one struct column, `__source_position`, stored in the table (a rebuilt
 key index takes each live row's position from it) and given to the keyed write as its
 sequence; structs compare field by field. Positions are comparable within one source log
-only: see docs/limits.md (a MySQL failover to another server, a re-snapshot by a connector
-that lost its offsets).
+only (and MySQL's across the failovers its events show): see docs/limits.md (a re-snapshot
+by a connector that lost its offsets).
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from lakesink_datasource.debezium.envelope import Source
 
 POSITION_COLUMN = "__source_position"
 STREAMED = "streamed"
+FAILOVERS = "failovers"  # MySQL/MariaDB: failovers the partition showed before the change (failovers.py)
+GTID = "gtid"  # read with a MySQL/MariaDB position to count failovers, never stored
 _SCN = pa.decimal128(38, 0)
 SNAPSHOT_READ = "r"
 _INT64 = (-(2**63), 2**63 - 1)
@@ -110,11 +114,14 @@ _CONNECTORS: dict[str, tuple[Part, ...]] = {
         ("lsn", pa.int64(), lambda f, s: _numbers(f("lsn"), pa.int64(), "lsn")),
     ),
     "mysql": (
+        # Counted once the table's changes are together (failovers.py); 0 until then.
+        (FAILOVERS, pa.int32(), lambda f, s: pa.repeat(pa.scalar(0, pa.int32()), len(s))),
         # mysql-bin.000003 -> 3: binlog files are numbered in the order MySQL writes them
         ("file_number", pa.int64(), lambda f, s: _number_in(f("file"), r"(?P<n>\d+)$", "file")),
         ("pos", pa.int64(), lambda f, s: _numbers(f("pos"), pa.int64(), "pos")),
         (STREAMED, pa.int32(), _streamed),
         ("row", pa.int64(), lambda f, s: _numbers(f("row"), pa.int64(), "row")),
+        (GTID, pa.string(), lambda f, s: _texts(f("gtid"))),  # "": none
     ),
     "sqlserver": (
         ("commit_lsn", pa.string(), lambda f, s: _texts(f("commit_lsn"))),
@@ -133,8 +140,8 @@ CONNECTORS = tuple(sorted(_CONNECTORS))
 # reads them with these types; a value of another form sends the record the slow way).
 SOURCE_FIELDS: dict[str, dict[str, pa.DataType]] = {
     "postgresql": {"lsn": pa.int64(), "sequence": pa.string(), "snapshot": pa.string()},
-    "mysql": {"file": pa.string(), "pos": pa.int64(), "row": pa.int64(), "snapshot": pa.string()},
-    "mariadb": {"file": pa.string(), "pos": pa.int64(), "row": pa.int64(), "snapshot": pa.string()},
+    "mysql": {"file": pa.string(), "pos": pa.int64(), "row": pa.int64(), "snapshot": pa.string(), "gtid": pa.string()},
+    "mariadb": {"file": pa.string(), "pos": pa.int64(), "row": pa.int64(), "snapshot": pa.string(), "gtid": pa.string()},
     "sqlserver": {"change_lsn": pa.string(), "commit_lsn": pa.string(), "event_serial_no": pa.int64()},
     "oracle": {"scn": pa.string(), "commit_scn": pa.string(), "snapshot": pa.string()},
 }
@@ -154,14 +161,23 @@ def position_type(connector: str | None) -> pa.StructType:
     return pa.struct([pa.field(name, kind) for name, kind, _ in parts_of(connector)])
 
 
+def stored_parts(connector: str | None) -> list[str]:
+    """The parts of a position as a table stores them."""
+    return [name for name, _, _ in parts_of(connector) if name != GTID]
+
+
+# A MySQL/MariaDB table an earlier lakesink made counts no failovers: its positions stay so.
+WITHOUT_FAILOVERS = ["file_number", "pos", STREAMED, "row"]
+
+
 def check_stored(identifier: str, connector: str | None, stored: Sequence[str] | None) -> None:
     """Refuse a table whose `__source_position` has another layout (a table an earlier lakesink
     wrote, ordered by the change's own log position and the Kafka offset): its stored positions
     and the key index's would compare field by field against positions of another meaning."""
     if stored is None:
         return
-    expected = [name for name, _, _ in parts_of(connector)]
-    if list(stored) != expected:
+    expected = stored_parts(connector)
+    if list(stored) != expected and not (FAILOVERS in expected and list(stored) == WITHOUT_FAILOVERS):
         raise DebeziumSchemaError(
             f"table {identifier}: its column {POSITION_COLUMN} holds ({', '.join(stored)}), the order an earlier lakesink "
             f"applied {connector} changes in, which keeps an older value when transactions interleave; lakesink now orders "

@@ -32,6 +32,7 @@ from lakesink_datasource.debezium.decode import (
     source_property,
 )
 from lakesink_datasource.debezium.envelope import DebeziumInputError
+from lakesink_datasource.debezium.failovers import BINLOGS_PROPERTY
 from lakesink_datasource.debezium.options import DEFAULT_PLACEHOLDER
 from lakesink_datasource.debezium.positions import POSITION_COLUMN, check_stored
 from lakesink_datasource.index import environment
@@ -63,13 +64,15 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
     written: list[tuple[str, bytes, bytes]] = []
     done: list[tuple[WritePlan, LakeSinkCommitMessage]] = []
     try:
-        for identifier, (options, rows, checked, truncates, clustered) in incoming.items():
+        for identifier, (options, rows, checked, read, clustered) in incoming.items():
             plan = plan_routed_table(
                 options, _table_columns(rows), write.table_write_id(identifier), create=write.options.create_tables,
                 checked=checked, clustered=clustered,
             )
-            if truncates:
-                plan = msgspec.structs.replace(plan, truncated_at=truncates[-1], truncates=truncates)
+            if read.truncates:
+                plan = msgspec.structs.replace(plan, truncated_at=read.truncates[-1], truncates=read.truncates)
+            if read.binlogs is not None:
+                plan = msgspec.structs.replace(plan, binlogs=read.binlogs)
             opened_before = environment.cached_paths() if plan.keyed is not None else set()
             message = write_task(plan, iter(rows.to_batches()), who)
             if plan.keyed is not None:
@@ -84,9 +87,17 @@ def write_routed_task(write: RoutedWrite, batches: Iterator[pa.RecordBatch], who
     return RoutedTablesMessage(written, notes.skipped, notes.change_logs, notes.truncates, notes.sources)
 
 
-# A table's options, rows, check, the truncates among its events, in order (cdc_format=debezium), and
-# whether its rows carry cluster_by_key's route (a keyed table's task then holds one key shard).
-Incoming = dict[str, tuple[WriteOptions, pa.Table, RoutedTableCheck, tuple[bytes, ...], bool]]
+class SourceRead(msgspec.Struct, frozen=True):
+    """What a keyed table's Debezium events say besides its rows."""
+
+    truncates: tuple[bytes, ...] = ()  # the truncates among its events, in order
+    binlogs: str | None = None  # MySQL/MariaDB: what its partitions showed (debezium/failovers.py)
+
+
+NOTHING_READ = SourceRead()
+# A table's options, rows, check, what its Debezium events say besides rows, and whether its
+# rows carry cluster_by_key's route (a keyed table's task then holds one key shard).
+Incoming = dict[str, tuple[WriteOptions, pa.Table, RoutedTableCheck, SourceRead, bool]]
 
 
 def _routed_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> Incoming:
@@ -114,7 +125,7 @@ def _routed_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> Inc
         key = checked.keyed.table_key_columns if checked.keyed is not None else options.primary_key  # a new table's: its option's
         if clustered and key and options.operation in KEYED_OPERATIONS:
             _check_clustered_keys(identifier, rows, key, stored)
-        incoming[identifier] = options, rows, checked, (), clustered
+        incoming[identifier] = options, rows, checked, NOTHING_READ, clustered
     return incoming
 
 
@@ -152,7 +163,11 @@ def _debezium_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> t
             schema = pa.schema([f for f in schema if f.name not in (START, END)], metadata=schema.metadata)
         return schema
 
-    decoded = decode(records, debezium, schema_of, keeps_history=write.options.keeps_history) if records is not None else Decoded()
+    def binlogs(identifier: str) -> str | None:
+        table = found(identifier)
+        return table.metadata.properties.get(BINLOGS_PROPERTY) if table is not None else None
+
+    decoded = decode(records, debezium, schema_of, keeps_history=write.options.keeps_history, binlogs=binlogs) if records is not None else Decoded()
     incoming: Incoming = {}
     notes = TaskNotes(skipped=decoded.skipped, truncates=decoded.truncates)
     for part in decoded.tables:
@@ -191,7 +206,8 @@ def _debezium_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> t
             key = checked.keyed.table_key_columns if checked.keyed is not None else options.primary_key
             if key:
                 _check_clustered_keys(part.identifier, rows, key, schema_of(part.identifier))
-        incoming[part.identifier] = options, rows, checked, part.truncates if keyed else (), clustered
+        read = SourceRead(part.truncates, part.binlogs) if keyed else NOTHING_READ
+        incoming[part.identifier] = options, rows, checked, read, clustered
     return incoming, notes
 
 

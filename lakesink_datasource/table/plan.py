@@ -71,6 +71,9 @@ class WritePlan(msgspec.Struct, frozen=True, kw_only=True):
     # encoded as the write's sequences are. The commit hides the rows ordered before it.
     truncated_at: bytes | None = None
     truncates: tuple[bytes, ...] = ()  # every truncate's position, in order (truncated_at the last)
+    # MySQL/MariaDB (cdc_format=debezium): what the task's partitions showed of the source's
+    # binlogs (debezium/failovers.py), for the table's property.
+    binlogs: str | None = None
 
 
 def write_schema(plan: WritePlan, metadata: TableMetadata) -> Schema:

@@ -198,6 +198,7 @@ def _write_task(
                 plan_seconds=plan.plan_seconds,
                 truncated_at=plan.truncated_at,
                 truncates=plan.truncates,
+                binlogs=plan.binlogs,
                 **kwargs,
             )
         )

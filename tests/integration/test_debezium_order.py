@@ -1,13 +1,14 @@
-"""Each Debezium connector's own order (issue 59), through Spark: Kafka-shaped records
-(key, value, topic, partition, offset) of a PostgreSQL, an Oracle, a SQL Server and a MySQL
-(Flink CDC) source written with `cdc_format=debezium` in two batch writes: the snapshots,
+"""Each Debezium connector's own order, through Spark: Kafka-shaped records (key, value,
+topic, partition, offset) of a PostgreSQL, an Oracle, a SQL Server and two MySQL (Flink CDC;
+a failover with GTIDs) sources written with `cdc_format=debezium` in two batch writes: the snapshots,
 then the streams and a connector restart's copy of them (same positions, new offsets).
 
 The events and the tables they must leave are written by hand in tests/debezium_events.py
 (`ORDER_CASES`): a transaction in flight during the snapshot wins over the snapshot's read
 (PostgreSQL, Oracle), the transaction committed last wins though its change sits lower in the
 log, a re-snapshot replaces older streamed rows (SQL Server), snapshot rows without a binlog
-file are taken and sort first (MySQL through Flink CDC).
+file are taken and sort first (MySQL through Flink CDC), a new primary's changes win though
+its binlog numbers are lower (MySQL failover).
 """
 
 from __future__ import annotations

@@ -552,3 +552,16 @@ def test_json_converters_nan_and_infinity_texts_are_floats() -> None:
         assert got.column("e").to_pylist() == ["NaN"] * 4
     for got in _decoded_both_ways(_kafka(plain, plain_keys, "u"), pa.schema([("id", pa.int64()), ("e", pa.float64())])):
         assert got.schema.field("e").type == pa.float64() and all(math.isnan(v) for v in got.column("e").to_pylist())
+
+
+def test_the_tasks_views_of_a_partition_merge_into_the_newest_failover_and_every_server() -> None:
+    """Two tasks of one batch saw parts of one partition (cluster_by_key): the one that saw the
+    failover decides the count and the new server's top; every server's transactions are kept."""
+    from lakesink_datasource.debezium.failovers import Binlog, merged
+
+    before = Binlog(failovers=0, top=(120, 1400), newest={"a": 58}, eras={"a": [(0, 1)]})
+    after = Binlog(failovers=1, top=(3, 200), newest={"a": 57, "b": 1}, eras={"a": [(0, 3)], "b": [(1, 1)]})
+    for order in ([before, after], [after, before]):
+        out = merged([{"t/0": b} for b in order])["t/0"]
+        assert (out.failovers, out.top, out.newest) == (1, (3, 200), {"a": 58, "b": 1})
+        assert out.eras == {"a": [(0, 1)], "b": [(1, 1)]}

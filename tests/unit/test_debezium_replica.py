@@ -691,7 +691,7 @@ def _sees(warehouse: str, t: SourceTable, expected: dict[int, str]) -> None:
     assert duckdb_rows(table.metadata_location, ["id", "v"]) == want
 
 
-@pytest.mark.parametrize("case", ORDER_CASES, ids=[c.connector for c in ORDER_CASES])
+@pytest.mark.parametrize("case", ORDER_CASES, ids=[c.id for c in ORDER_CASES])
 @pytest.mark.parametrize("batches", ["one", "two", "each"])
 def test_each_connectors_changes_land_in_its_own_commit_order(warehouse: str, case: OrderCase, batches: str) -> None:
     """PostgreSQL and Oracle: a transaction in flight while the snapshot ran wins over the
@@ -712,7 +712,7 @@ def test_each_connectors_changes_land_in_its_own_commit_order(warehouse: str, ca
     _sees(warehouse, case.table, case.expected)
 
 
-@pytest.mark.parametrize("case", ORDER_CASES, ids=[c.connector for c in ORDER_CASES])
+@pytest.mark.parametrize("case", ORDER_CASES, ids=[c.id for c in ORDER_CASES])
 def test_a_connector_restart_resending_the_stream_changes_nothing(warehouse: str, case: OrderCase) -> None:
     """The connector restarts and sends its streamed events again (their positions, new Kafka
     offsets), over two batches: after each, the table shows the source's rows, and a history
@@ -753,17 +753,84 @@ def test_a_restart_resending_changes_of_one_key_across_batches_never_shows_an_ol
         assert ended == [("a", False), ("b", False), ("c", True)]  # the current row (no end) is still "c"
 
 
-@pytest.mark.xfail(strict=True, reason="docs/limits.md: positions of two MySQL servers are not comparable, and lakesink keeps no "
-                   "per-partition lineage to let the Kafka order decide across a failover")
-def test_mysql_changes_after_a_failover_to_a_server_with_lower_binlog_numbers_win(warehouse: str) -> None:
+OLD_PRIMARY, NEW_PRIMARY = "3e11fa47-71ca-11e1-9e33-c80aa9429562", "6f1b2c3d-0a0b-11ef-8f2e-0242ac120003"
+
+
+def _at(file: int, pos: int, gtid: str | None) -> dict[str, Any]:
+    return {"file": f"mysql-bin.{file:06d}", "pos": pos, "gtid": gtid, "server_id": 1 if gtid is None or OLD_PRIMARY in gtid else 2}
+
+
+@pytest.mark.parametrize("batches", ["one", "two"])
+def test_mysql_changes_after_a_failover_to_a_server_with_lower_binlog_numbers_win(warehouse: str, batches: str) -> None:
+    """With GTIDs, a failover to a replica whose binlog numbers are lower: the new primary's
+    changes are the newest (Kafka's order), the old primary's transactions it replicated and
+    the connector re-sends after the switch are not. In one batch and across two."""
     t = SourceTable("inventory", None, "failover", ITEM_COLUMNS_KV, ("id",))
     c = Connector("mysql", "src")
-    before, _ = c.change(t, "u", {"id": 1, "v": "old primary"}, source={"file": "mysql-bin.000120", "pos": 900, "server_id": 1})
-    after, _ = c.change(t, "u", {"id": 1, "v": "new primary"}, source={"file": "mysql-bin.000003", "pos": 200, "server_id": 2})
+    sent: list[list[dict[str, Any]]] = []
+    for key, value, at in [
+        (1, "old primary", _at(120, 900, f"{OLD_PRIMARY}:57")),
+        (2, "old primary", _at(120, 1400, f"{OLD_PRIMARY}:58")),
+        (1, "new primary", _at(3, 200, f"{NEW_PRIMARY}:1")),
+        (2, "replicated, re-sent", _at(3, 150, f"{OLD_PRIMARY}:58")),  # the switch re-sends a transaction already read
+        (3, "new primary", _at(3, 400, f"{NEW_PRIMARY}:2")),
+    ]:
+        records, _ = c.change(t, "u", {"id": key, "v": value}, source=at)
+        sent.append(records)
     replica = Replicator(warehouse, tasks=1)
-    replica.run(before)
-    replica.run(after)
-    assert pyiceberg_rows(load(warehouse, "replica.failover"), ["id", "v"]) == Counter({(1, "new primary"): 1})
+    cut = 2 if batches == "two" else len(sent)
+    replica.run([r for rs in sent[:cut] for r in rs])
+    if cut < len(sent):
+        replica.run([r for rs in sent[cut:] for r in rs])
+    expected = {(1, "new primary"): 1, (2, "old primary"): 1, (3, "new primary"): 1}
+    assert pyiceberg_rows(load(warehouse, "replica.failover"), ["id", "v"]) == Counter(expected)
+    # A restart re-sending the new primary's changes changes nothing.
+    replica.run(resent([r for rs in sent[2:] for r in rs], first_offset=sum(len(rs) for rs in sent)))
+    table = load(warehouse, "replica.failover")
+    assert pyiceberg_rows(table, ["id", "v"]) == Counter(expected)
+    # What the table keeps to tell the next batch: one failover, one entry per partition and server.
+    (binlog,) = json.loads(table.metadata.properties["lakesink.debezium.binlogs"]).values()
+    assert binlog["failovers"] == 1 and binlog["newest"] == {OLD_PRIMARY: 58, NEW_PRIMARY: 2}
+
+
+def test_mysql_without_gtids_keeps_ordering_by_binlog_position(warehouse: str) -> None:
+    """Without GTIDs a lower position is an older change, never taken for a failover: a late
+    copy of an older change (below the key's stored one) is dropped."""
+    t = SourceTable("inventory", None, "plain", ITEM_COLUMNS_KV, ("id",))
+    c = Connector("mysql", "src")
+    newer, _ = c.change(t, "u", {"id": 1, "v": "newer"}, source=_at(7, 900, None))
+    older, _ = c.change(t, "u", {"id": 1, "v": "older"}, source=_at(7, 300, None))
+    replica = Replicator(warehouse, tasks=1)
+    replica.run(newer)
+    replica.run(older)
+    assert pyiceberg_rows(load(warehouse, "replica.plain"), ["id", "v"]) == Counter({(1, "newer"): 1})
+
+
+def test_a_mysql_table_whose_positions_count_no_failovers_is_written_as_before(warehouse: str) -> None:
+    """A MySQL table an earlier lakesink made stores (file_number, pos, streamed, row): it is
+    still written, ordered by binlog position (no failover counted), and gets no binlogs
+    property."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import IntegerType, LongType, NestedField, StringType, StructType
+
+    os.makedirs(warehouse, exist_ok=True)
+    catalog = embedded_catalog(warehouse)
+    catalog.create_namespace("replica")
+    earlier = StructType(
+        NestedField(5, "file_number", LongType()), NestedField(6, "pos", LongType()), NestedField(7, "streamed", IntegerType()),
+        NestedField(8, "row", LongType()),
+    )
+    catalog.create_table("replica.my_items", Schema(
+        NestedField(1, "id", IntegerType(), required=True), NestedField(2, "v", StringType()), NestedField(3, "__op", StringType()),
+        NestedField(4, "__source_position", earlier), identifier_field_ids=[1],
+    ))
+    case = ORDER_CASES[3]
+    assert case.table.table == "my_items"
+    Replicator(warehouse, tasks=1).run([r for step in case.records("src") for r in step])
+    table = load(warehouse, "replica.my_items")
+    assert pyiceberg_rows(table, ["id", "v"]) == Counter(case.expected.items())
+    assert [f.name for f in table.schema().find_field("__source_position").field_type.fields] == ["file_number", "pos", "streamed", "row"]
+    assert "lakesink.debezium.binlogs" not in table.metadata.properties
 
 
 def test_a_table_written_with_the_old_position_layout_is_refused_and_left_as_it_was(warehouse: str) -> None:
