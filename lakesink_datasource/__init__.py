@@ -6,6 +6,7 @@ from typing import Any
 
 import pyiceberg as _pyiceberg
 
+from lakesink_datasource import deferred_imports as _deferred_imports
 from lakesink_datasource import spark_version as _spark_version
 from lakesink_datasource.errors import LakesinkError
 from lakesink_datasource.version import PINNED_PYICEBERG_VERSION, __version__
@@ -16,6 +17,7 @@ if _pyiceberg.__version__ != PINNED_PYICEBERG_VERSION:
     # pyiceberg's table model, which every Python worker Spark starts would pay for.
     from lakesink_datasource.iceberg import compat as _compat  # noqa: F401
 _spark_version.check_pyspark()  # and on a PySpark minor lakesink was not tested on
+_deferred_imports.defer_heavy_modules()  # pandas only where a scan needs it
 
 __all__ = ["LakeSinkDataSource", "LakesinkError", "__version__", "batch_sink", "cluster_by_key", "cluster_by_partition"]
 

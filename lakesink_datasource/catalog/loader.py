@@ -1,8 +1,8 @@
 """Resolve the Iceberg catalog a write goes to, cached once per process.
 
-With no catalog option lakesink embeds one: pyiceberg's SQL catalog on SQLite at
+With no catalog option lakesink embeds one: pyiceberg's SQL catalog tables on SQLite at
 `<warehouse>/catalog.db` (the same table layout as Iceberg's JDBC catalog, so Java
-engines can open it too). Otherwise `catalog` names a catalog configured the usual
+engines can open it too), its write path through sqlite3 (catalog/embedded.py). Otherwise `catalog` names a catalog configured the usual
 pyiceberg way, and every `catalog.<key>` option is passed as a catalog property.
 """
 
@@ -15,6 +15,7 @@ import msgspec
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import NotInstalledError
 
+from lakesink_datasource.catalog.embedded import EmbeddedCatalog
 from lakesink_datasource.catalog.errors import CatalogError
 from lakesink_datasource.catalog.rest_timeouts import apply_timeouts
 from lakesink_datasource.iceberg.file_io import FILE_IO_IMPL
@@ -56,6 +57,8 @@ _lock = threading.Lock()
 
 
 def _load_catalog(config: CatalogConfig) -> Catalog:
+    if _embedded_file(config) is not None:
+        return EmbeddedCatalog(config.name, **config.properties)
     try:
         return load_catalog(config.name, **config.properties)
     except Exception as exc:
@@ -156,6 +159,9 @@ def _inode(path: str) -> int | None:
 
 
 def _dispose(catalog: Catalog) -> None:
+    if isinstance(catalog, EmbeddedCatalog):
+        catalog.dispose()
+        return
     engine = getattr(catalog, "engine", None)
     if engine is not None:
         engine.dispose()

@@ -16,20 +16,20 @@ catalog goes through pyiceberg as before.
 from __future__ import annotations
 
 import re
+import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.serializers import ToOutputFile
 from pyiceberg.table import CommitTableResponse, Table
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import TableRequirement, TableUpdate
-from sqlalchemy import ColumnElement, select, update
-from sqlalchemy.orm import Session
 
+from lakesink_datasource.catalog.embedded import EmbeddedCatalog
 from lakesink_datasource.faults import fault_point
 from lakesink_datasource.iceberg.compat import apply_updates, v3_metadata_writes
 from lakesink_datasource.iceberg.s3_region import settle_s3_region
@@ -39,13 +39,30 @@ _lock = threading.Lock()
 
 
 def _fast(catalog: Catalog) -> bool:
-    return isinstance(catalog, SqlCatalog) and bool(catalog.engine.dialect.supports_sane_rowcount)
+    if isinstance(catalog, EmbeddedCatalog):
+        return True
+    # A SqlCatalog exists only once pyiceberg's module is imported (SQLAlchemy with it).
+    if "pyiceberg.catalog.sql" not in sys.modules:
+        return False
+    from lakesink_datasource.catalog import sqlalchemy_rows
+
+    return sqlalchemy_rows.swaps_atomically(catalog)
 
 
-def _where(catalog: SqlCatalog, identifier: str) -> tuple[ColumnElement[bool], ...]:
-    namespace = Catalog.namespace_to_string(Catalog.namespace_from(identifier))
-    name = Catalog.table_name_from(identifier)
-    return (IcebergTables.catalog_name == catalog.name, IcebergTables.table_namespace == namespace, IcebergTables.table_name == name)
+def _location(catalog: Catalog, identifier: str) -> str | None:
+    if isinstance(catalog, EmbeddedCatalog):
+        return catalog.metadata_location(identifier)
+    from lakesink_datasource.catalog import sqlalchemy_rows
+
+    return sqlalchemy_rows.metadata_location(catalog, identifier)  # type: ignore[arg-type]
+
+
+def _swap(catalog: Catalog, rows: Sequence[tuple[str, str, str]]) -> str | None:
+    if isinstance(catalog, EmbeddedCatalog):
+        return catalog.swap(rows)
+    from lakesink_datasource.catalog import sqlalchemy_rows
+
+    return sqlalchemy_rows.swap(catalog, rows)  # type: ignore[arg-type]
 
 
 def _key(catalog: Catalog, identifier: str) -> tuple[int, str]:
@@ -58,9 +75,7 @@ def load_table(catalog: Catalog, identifier: str) -> Table:
     fault_point("catalog_call", table=".".join(Catalog.identifier_to_tuple(identifier)))  # tests: a catalog that is away
     if not _fast(catalog):
         return _settled(catalog.load_table(identifier))
-    assert isinstance(catalog, SqlCatalog)
-    with Session(catalog.engine) as session:
-        location = session.execute(select(IcebergTables.metadata_location).where(*_where(catalog, identifier))).scalar()
+    location = _location(catalog, identifier)
     if location is None:
         raise NoSuchTableError(f"Table does not exist: {identifier}")
     key = _key(catalog, identifier)
@@ -132,23 +147,14 @@ def swap_together(swaps: list[PreparedSwap]) -> list[CommitTableResponse]:
     all of them or, when any row moved since its table was loaded, none
     (CommitFailedException naming it; the new metadata files are deleted)."""
     catalog = swaps[0].table.catalog
-    assert isinstance(catalog, SqlCatalog) and all(s.table.catalog is catalog for s in swaps)
+    assert _fast(catalog) and all(s.table.catalog is catalog for s in swaps)
     for swap in swaps:
         fault_point("catalog_call", table=".".join(swap.table.name()))  # tests: a catalog that is away
-    with Session(catalog.engine) as session:
-        for swap in swaps:
-            identifier = ".".join(swap.table.name())
-            changed = session.execute(
-                update(IcebergTables)
-                .where(*_where(catalog, identifier), IcebergTables.metadata_location == swap.table.metadata_location)
-                .values(metadata_location=swap.location, previous_metadata_location=swap.table.metadata_location)
-            )
-            if changed.rowcount < 1:  # type: ignore[attr-defined]  # a CursorResult for UPDATE
-                session.rollback()
-                for refused in swaps:
-                    refused.table.io.delete(refused.location)  # nothing references them
-                raise CommitFailedException(f"Table has been updated by another process: {identifier}")
-        session.commit()
+    moved = _swap(catalog, [(".".join(s.table.name()), s.table.metadata_location, s.location) for s in swaps])
+    if moved is not None:
+        for refused in swaps:
+            refused.table.io.delete(refused.location)  # nothing references them
+        raise CommitFailedException(f"Table has been updated by another process: {moved}")
     fault_point("catalog_updated")  # tests: the UPDATE landed, its answer is lost
     responses = []
     for swap in swaps:

@@ -19,11 +19,12 @@ one after another, and `atomic` says so.
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 from pyiceberg.table import CommitTableRequest, CommitTableResponse, Table, TableIdentifier
 from pyiceberg.table.update import TableRequirement, TableUpdate
@@ -135,7 +136,13 @@ class TableTransaction:
 def supports_transactions(catalog: Catalog) -> bool:
     """Whether lakesink can try to commit several of `catalog`'s tables together (a REST
     catalog may still turn out not to offer the endpoint: see the module's docstring)."""
-    return sql_commit.supports_swaps_together(catalog) or isinstance(catalog, RestCatalog)
+    return sql_commit.supports_swaps_together(catalog) or _is_rest(catalog)
+
+
+def _is_rest(catalog: Catalog) -> bool:
+    # A RestCatalog exists only once pyiceberg's module is imported (requests with it).
+    rest = sys.modules.get("pyiceberg.catalog.rest")
+    return rest is not None and isinstance(catalog, rest.RestCatalog)
 
 
 class _Unsupported(Exception):
@@ -151,7 +158,7 @@ def _discard(swap: _Swap) -> None:
 
 
 def _commit_rest(catalog: Catalog, swaps: list[_Swap]) -> list[CommitTableResponse]:
-    assert isinstance(catalog, RestCatalog)
+    assert _is_rest(catalog)
     changes = [
         CommitTableRequest(
             identifier=TableIdentifier(namespace=list(s.table.name()[:-1]), name=s.table.name()[-1]),
@@ -160,7 +167,8 @@ def _commit_rest(catalog: Catalog, swaps: list[_Swap]) -> list[CommitTableRespon
         for s in swaps
     ]
     body = '{"table-changes": [' + ", ".join(c.model_dump_json() for c in changes) + "]}"
-    response = catalog._session.post(catalog.url("transactions/commit", prefixed=True), data=body.encode())
+    rest: Any = catalog
+    response = rest._session.post(rest.url("transactions/commit", prefixed=True), data=body.encode())
     code = response.status_code
     if code in (404, 405, 501):
         raise _Unsupported(f"{code} {response.text[:200]}")

@@ -16,7 +16,7 @@ ROOT = Path(lakesink_datasource.__file__).parent
 
 # Lowest first. Each name is a top-level package or module of lakesink_datasource.
 LAYERS: list[set[str]] = [
-    {"errors", "version"},  # the base of lakesink's errors, which every layer raises; lakesink's version
+    {"errors", "version", "deferred_imports"},  # the base of lakesink's errors, which every layer raises; lakesink's version; imports at first use
     {"iceberg", "faults", "worker_gc", "arrays", "spark_version", "spark_lookup"},  # the Iceberg format floor, plain values, the PySpark found
     {"options", "messages"},  # write options; executor -> driver messages, known to both sides
     {"catalog", "schema"},
