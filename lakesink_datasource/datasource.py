@@ -172,7 +172,28 @@ class LakeSinkDataSource(DataSource):
                 "options 'txn_app_id' and 'txn_version' apply to batch writes (for example inside foreachBatch, "
                 "with the batch id as txn_version); a streaming query's batches are already exactly once"
             )
+        if _called_by_commit_runner():
+            # The batch was planned before its tasks ran, and its first task's message carries
+            # that plan: the commit uses it, not a second plan (a catalog and metadata read).
+            return LakeSinkStreamWriter(None, schema, replan=(options, overwrite))
         return LakeSinkStreamWriter(_stream_plan(options, schema, overwrite), schema)
+
+
+# Spark's streaming commit runs in a worker of its own, which calls streamWriter() again and
+# then commit() on what it returns (the planner's writer went to the tasks, not to it).
+_COMMIT_RUNNER = "pyspark.sql.worker.python_streaming_sink_runner"
+
+
+def _called_by_commit_runner() -> bool:
+    """Whether Spark's streaming commit runner is the caller (its module imported by a worker,
+    or run as the main module where Spark starts workers without a daemon)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        spec = frame.f_globals.get("__spec__")
+        if frame.f_globals.get("__name__") == _COMMIT_RUNNER or getattr(spec, "name", None) == _COMMIT_RUNNER:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 def _stream_plan(options: WriteOptions, schema: StructType, overwrite: bool) -> WritePlan:
@@ -349,20 +370,56 @@ class ClusteredStreamWriter(DataSourceStreamArrowWriter):
 
 
 class LakeSinkStreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, plan: WritePlan, schema: StructType | None = None):
+    """A micro-batch's writer. The planner's holds the batch's plan and goes to the tasks; the
+    first task's message carries the plan to the commit, whose writer holds none (`replan`:
+    the options to plan with when no message carries it, as when no task ran)."""
+
+    def __init__(self, plan: WritePlan | None, schema: StructType | None = None, replan: tuple[WriteOptions, bool] | None = None):
         self.plan = plan
         self.schema = schema  # the rows' schema (PySpark 4.0 hands the sink Rows)
+        self.replan = replan
 
     @without_traceback
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        return _write(self.plan, _stream_arrow(iterator, self.schema))
+        assert self.plan is not None, "a stream's tasks get the planner's writer"
+        from lakesink_datasource.messages import LakeSinkCommitMessage
+
+        message = _write(self.plan, _stream_arrow(iterator, self.schema))
+        if isinstance(message, LakeSinkCommitMessage) and _first_task():
+            import pickle
+
+            message.plan = pickle.dumps(self.plan)
+        return message
+
+    def _batch_plan(self, messages: list[WriterCommitMessage | None]) -> WritePlan:
+        if self.plan is not None:
+            return self.plan
+        from lakesink_datasource.messages import carried_plan
+
+        carried = carried_plan(messages)
+        if carried is not None:
+            import pickle
+
+            plan: WritePlan = pickle.loads(carried)
+            return plan
+        assert self.replan is not None and self.schema is not None
+        options, overwrite = self.replan
+        return _stream_plan(options, self.schema, overwrite)
 
     @without_traceback
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        _commit(self.plan, messages, batch_id=batchId)
+        _commit(self._batch_plan(messages), messages, batch_id=batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        _abort(self.plan, messages, batch_id=batchId)
+        _abort(self._batch_plan(messages), messages, batch_id=batchId)
+
+
+def _first_task() -> bool:
+    """The task of the batch's first partition (or a write outside Spark's tasks)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context is None or context.partitionId() == 0
 
 
 def _write_tables(write: RoutedWrite, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:

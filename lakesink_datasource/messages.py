@@ -144,6 +144,9 @@ _decoder = msgspec.msgpack.Decoder(TaskResult)
 @dataclass
 class LakeSinkCommitMessage(WriterCommitMessage):
     payload: bytes
+    # A stream's first task carries the batch's plan (pickled WritePlan) to the commit, which
+    # Spark runs in a process of its own: one plan a micro-batch (datasource.py).
+    plan: bytes = b""
 
     @classmethod
     def of(cls, result: TaskResult) -> LakeSinkCommitMessage:
@@ -151,6 +154,11 @@ class LakeSinkCommitMessage(WriterCommitMessage):
 
     def result(self) -> TaskResult:
         return _decoder.decode(self.payload)
+
+
+def carried_plan(messages: list[WriterCommitMessage | None]) -> bytes | None:
+    """The batch's plan a task's message carries (pickled), if one does."""
+    return next((m.plan for m in messages if isinstance(m, LakeSinkCommitMessage) and m.plan), None)
 
 
 @dataclass
