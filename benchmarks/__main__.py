@@ -98,6 +98,13 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _slow_trigger(args: argparse.Namespace) -> int:
+    from benchmarks import slow_trigger
+    from benchmarks.harness import OUT_DIR
+
+    return slow_trigger.main(args.trigger, args.batches, Path(args.out).resolve() if args.out else OUT_DIR)
+
+
 def _profile(args: argparse.Namespace) -> int:
     from benchmarks import profiling
 
@@ -216,11 +223,16 @@ def main(argv: list[str] | None = None) -> int:
     his.add_argument("--workdir", help="where the tables go (default /tmp/lakesink-history); emptied first")
     his.set_defaults(func=lambda a: __import__("benchmarks.history", fromlist=["x"]).cli(
         ["--reps", str(a.reps), *(["--out", a.out] if a.out else []), *(["--workdir", a.workdir] if a.workdir else [])]))
+    slow = sub.add_parser("slow-trigger", help="streams triggered a minute apart: each batch re-forks Spark's Python workers -> SLOW-TRIGGER.md")
+    slow.add_argument("--trigger", type=int, default=65, help="seconds between batches (Spark closes workers idle for 60 s)")
+    slow.add_argument("--batches", type=int, default=11, help="batches per side (the first, a cold start, is reported apart)")
+    slow.add_argument("--out", help="where SLOW-TRIGGER.md and slow_trigger.json go (default benchmark-results)")
+    slow.set_defaults(func=_slow_trigger)
     lst = sub.add_parser("list", help="list the scenarios")
     lst.set_defaults(func=lambda a: [print(f"{s.id}\t{s.key}\t{s.title}") for s in __import__("benchmarks.scenarios", fromlist=["x"]).SCENARIOS] and 0)
     args = parser.parse_args(argv)
-    # `minors` needs neither (no plot, no delta-rs) and must run where they are not installed.
-    if args.command not in ("list", "minors", "routed", "debezium", "history") and (missing := _missing_bench_packages()):
+    # `minors` (and the others named) need neither (no plot, no delta-rs) and must run where they are not installed.
+    if args.command not in ("list", "minors", "routed", "debezium", "history", "slow-trigger") and (missing := _missing_bench_packages()):
         # Checked before measuring: a run would otherwise fail at its plot or its delta-rs
         # side after many minutes.
         print(f"benchmarks: {', '.join(missing)} not installed; run: .venv/bin/python -m pip install -e '.[bench]'",

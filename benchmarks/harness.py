@@ -146,9 +146,9 @@ def start_spark(config: BenchConfig, extra_conf: dict[str, str] | None = None): 
 # --------------------------------------------------------------------------- data
 
 
-def stream_session(app_name: str, sources: tuple[type, ...], warehouse_dir: Path | None = None) -> Any:
+def stream_session(app_name: str, sources: tuple[type, ...], warehouse_dir: Path | None = None, conf: dict[str, str] | None = None) -> Any:
     """A warm `local[2]` session of the streaming benchmarks (stream-append, minors), with
-    `sources` (Python data sources) registered."""
+    `sources` (Python data sources) registered and `conf` set."""
     from pyspark.sql import SparkSession
 
     builder = (
@@ -163,6 +163,8 @@ def stream_session(app_name: str, sources: tuple[type, ...], warehouse_dir: Path
     )
     if warehouse_dir is not None:
         builder = builder.config("spark.sql.warehouse.dir", str(warehouse_dir))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     from lakesink_datasource.spark_version import register_replaces_found

@@ -2,7 +2,9 @@
 
 usage: stream_child.py SOURCE CHECKPOINT WAREHOUSE TABLE [extra option=value ...]
 Runs the query with trigger(availableNow=True), one input file per micro-batch; with
-route=N the rows go through cluster_by_key(df, "id", shards=N, **options).
+route=N the rows go through cluster_by_key(df, "id", shards=N, **options). The environment's
+STREAM_CHILD_SPARK_CONF ("key=value;...") adds session settings; with it, the job prints the
+Python daemons it left running (their command lines) before it stops.
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ def session():  # type: ignore[no-untyped-def]
     from lakesink_datasource import LakeSinkDataSource
     from lakesink_datasource.spark_version import register_replaces_found
 
-    spark = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
     )
+    for item in filter(None, os.environ.get("STREAM_CHILD_SPARK_CONF", "").split(";")):
+        builder = builder.config(*item.split("=", 1))
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     if register_replaces_found():  # PySpark 4.0 refuses it: lakesink is found by name there
         spark.dataSource.register(LakeSinkDataSource)
@@ -48,7 +52,23 @@ def main(source: str, checkpoint: str, warehouse: str, table: str, *extra: str) 
         writer = df.writeStream.format("lakesink").options(**options)
     query = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
     query.awaitTermination()
+    if os.environ.get("STREAM_CHILD_SPARK_CONF"):
+        print("daemons:", *_python_daemons(), sep="\n")
     spark.stop()
+
+
+def _python_daemons() -> list[str]:
+    """The command lines of the Python daemons running now (Spark keeps them until it stops)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                words = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "-m" in words and any(w.endswith("daemon") for w in words):
+            found.append(" ".join(words).strip())
+    return found
 
 
 if __name__ == "__main__":

@@ -46,9 +46,11 @@ def run_child(tmp_path: Path, warehouse: str, faults: list[dict] | None, extra: 
 
 
 def run_child_process(
-    tmp_path: Path, warehouse: str, faults: list[dict] | None, extra: tuple[str, ...] = ()
+    tmp_path: Path, warehouse: str, faults: list[dict] | None, extra: tuple[str, ...] = (), spark_conf: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
     env = dict(os.environ)
+    if spark_conf:
+        env["STREAM_CHILD_SPARK_CONF"] = ";".join(f"{k}={v}" for k, v in spark_conf.items())
     faults_file = tmp_path / "child-faults.json"
     if faults is None:
         env.pop("LAKESINK_FAULTS", None)
@@ -72,6 +74,19 @@ def epochs(warehouse: str) -> list[str]:
 
 def rows_of_batches(everything: list[dict], batches: range) -> Counter:
     return expected_rows([r for r in everything if r["id"] // 1000 in batches], COLUMNS)
+
+
+def test_a_stream_s_tasks_run_in_lakesink_s_executor_daemon(tmp_path: Path, warehouse: str) -> None:
+    """spark.python.daemon.module=lakesink_datasource.worker_daemon (docs/performance.md,
+    "Start-up"): Spark's executor daemon is lakesink's, which imports the task side before it
+    forks; the stream's batches land once each, as with Spark's own daemon."""
+    everything = make_source(tmp_path / "source", batches=3, rows_per_batch=200)
+    proc = run_child_process(tmp_path, warehouse, None, spark_conf={"spark.python.daemon.module": "lakesink_datasource.worker_daemon"})
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    daemons = proc.stdout.decode().split("daemons:", 1)[1]
+    assert "-m lakesink_datasource.worker_daemon" in daemons
+    assert epochs(warehouse) == ["0", "1", "2"]
+    assert_readers_see(warehouse, "db.stream", rows_of_batches(everything, range(3)), COLUMNS)
 
 
 def test_kill_after_iceberg_commit_before_spark_commit_log_replays_without_duplicates(tmp_path: Path, warehouse: str) -> None:

@@ -13,9 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from pyspark.sql.worker import python_streaming_sink_runner
-
 from lakesink_testing import load, pyiceberg_rows
+from pyspark.sql.worker import python_streaming_sink_runner
 
 needs_runner_main = pytest.mark.skipif(
     not hasattr(python_streaming_sink_runner, "_main"), reason="PySpark 4.0/4.1's commit runner is driven by Spark only"
