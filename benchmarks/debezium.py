@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.harness import OUT_DIR, PROJECT_ROOT, _cpu_ticks, _descendants, host_probe, log
+from benchmarks.harness import OUT_DIR, PROJECT_ROOT, _cpu_ticks, _descendants, host_probe, log, register_lakesink
 
 WORKDIR = Path("/tmp/lakesink-debezium")
 TABLES = 20
@@ -172,12 +172,11 @@ def run_side(side: str, work: Path) -> dict[str, Any]:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    from lakesink_datasource import LakeSinkDataSource
 
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "4g").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(LakeSinkDataSource)
+    register_lakesink(spark)
     common = {"warehouse": str(work / "warehouse"), "index_dir": str(work / "index"), "progress": "false", "maintenance": "off"}
 
     def stream(source: Path, checkpoint: str, namespace: str):  # type: ignore[no-untyped-def]

@@ -132,11 +132,8 @@ def start_spark(config: BenchConfig, extra_conf: dict[str, str] | None = None): 
     from benchmarks.bare_sink import BareParquetSink
     from benchmarks.bare_source import BareParquetSource
     from benchmarks.noop_sink import NoopPythonSink
-    from lakesink_datasource import LakeSinkDataSource
-    from lakesink_datasource.spark_version import register_replaces_found
 
-    if register_replaces_found():  # PySpark 4.0 refuses it: lakesink is found by name there
-        spark.dataSource.register(LakeSinkDataSource)
+    register_lakesink(spark)
     spark.dataSource.register(BareParquetSink)  # the floor any Python sink runs against
     spark.dataSource.register(NoopPythonSink)  # Spark's own share of any Python sink's write
     spark.dataSource.register(BareParquetSource)  # and any Python reader
@@ -146,7 +143,7 @@ def start_spark(config: BenchConfig, extra_conf: dict[str, str] | None = None): 
 # --------------------------------------------------------------------------- data
 
 
-def stream_session(app_name: str, sources: tuple[type, ...], warehouse_dir: Path | None = None, conf: dict[str, str] | None = None) -> Any:
+def stream_session(app_name: str, sources: tuple[Any, ...], warehouse_dir: Path | None = None, conf: dict[str, str] | None = None) -> Any:
     """A warm `local[2]` session of the streaming benchmarks (stream-append, minors), with
     `sources` (Python data sources) registered and `conf` set."""
     from pyspark.sql import SparkSession
@@ -167,13 +164,22 @@ def stream_session(app_name: str, sources: tuple[type, ...], warehouse_dir: Path
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    for source in sources:
+        if source.name() == "lakesink":
+            register_lakesink(spark)
+        else:
+            spark.dataSource.register(source)
+    return spark
+
+
+def register_lakesink(spark: Any) -> None:
+    """`spark.dataSource.register(LakeSinkDataSource)` where the PySpark minor takes it: 4.0
+    refuses to replace a source found by name (pyspark_lakesink), and finds lakesink anyway."""
+    from lakesink_datasource import LakeSinkDataSource
     from lakesink_datasource.spark_version import register_replaces_found
 
-    for source in sources:
-        if source.name() == "lakesink" and not register_replaces_found():
-            continue  # PySpark 4.0 refuses it: lakesink is found by name there
-        spark.dataSource.register(source)
-    return spark
+    if register_replaces_found():
+        spark.dataSource.register(LakeSinkDataSource)
 
 
 def generate_data(spark, rows: int, partitions: int = PARALLELISM):  # type: ignore[no-untyped-def]

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import OUT_DIR, PROJECT_ROOT, host_probe, log
+from benchmarks.harness import OUT_DIR, PROJECT_ROOT, host_probe, log, register_lakesink
 
 WORKDIR = Path("/tmp/lakesink-history")
 KEYS = 1_000_000
@@ -35,12 +35,11 @@ def run_side(side: str, work: Path) -> dict[str, Any]:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    from lakesink_datasource import LakeSinkDataSource
 
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "4g").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(LakeSinkDataSource)
+    register_lakesink(spark)
     options = {
         "warehouse": str(work / "warehouse"), "index_dir": str(work / "index"), "progress": "false", "maintenance": "off",
         "operation": "upsert", "primary_key": "id", "sequence_column": "seq", **({"history": "true"} if side == "history" else {}),

@@ -120,8 +120,10 @@ def _lakesink_engine(ctx: BenchContext, root: Path) -> _Engine:
 
         wh = options["warehouse"]
         table = SqlCatalog("lakesink", uri=f"sqlite:///{wh}/catalog.db", warehouse=f"file://{wh}").load_table(IDENT)
-        summary = table.metadata.current_snapshot().summary
-        return int(summary["total-records"]) - int(summary.get("total-position-deletes", 0))
+        snapshot = table.metadata.current_snapshot()
+        assert snapshot is not None and snapshot.summary is not None
+        summary = snapshot.summary
+        return int(summary["total-records"] or 0) - int(summary.get("total-position-deletes") or 0)
 
     return _Engine("lakesink", lambda base: write(dataframe(base)), write, rows, prepare=dataframe)
 

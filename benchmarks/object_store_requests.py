@@ -53,7 +53,7 @@ def _requests() -> Counter:
 
 
 def _batch(options: dict[str, str], ids: range, batch_id: int) -> None:
-    from lakesink_datasource.datasource import _commit
+    from lakesink_datasource.datasource import LakeSinkStreamWriter
     from lakesink_datasource.options import parse_options
     from lakesink_datasource.table.setup import plan_write
     from lakesink_datasource.write.task import TaskIdentity, write_task
@@ -61,7 +61,8 @@ def _batch(options: dict[str, str], ids: range, batch_id: int) -> None:
     plan = plan_write(parse_options(options), SCHEMA, False)
     rows = pa.record_batch({"id": pa.array(list(ids), pa.int64()), "name": pa.array([f"n{i}" for i in ids]),
                             "amount": pa.array([i * 0.5 for i in ids])})
-    _commit(plan, [write_task(plan, iter([rows]), who=TaskIdentity(batch_id=batch_id, query_id="bench"))], batch_id)
+    # The stream writer's commit, as Spark's commit runner calls it: the driver's whole step.
+    LakeSinkStreamWriter(plan).commit([write_task(plan, iter([rows]), who=TaskIdentity(batch_id=batch_id, query_id="bench"))], batch_id)
 
 
 def _measure(options: dict[str, str], batches: int, rows: int, keyed_base: int) -> dict[str, Any]:

@@ -16,12 +16,13 @@ import pstats
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
 from pyspark.sql import types as T
 
-from lakesink_datasource.datasource import _commit  # the driver's whole step: tombstones, commit, maintenance
+from lakesink_datasource.datasource import LakeSinkStreamWriter
 from lakesink_datasource.options import parse_options
 from lakesink_datasource.table.setup import plan_write
 from lakesink_datasource.write.task import TaskIdentity, write_task
@@ -35,7 +36,7 @@ OPTIONS = {"table": "db.cdc", "warehouse": WAREHOUSE, "operation": "cdc", "prima
            "sequence_column": "lsn", "index_dir": WAREHOUSE + "/idx"}
 
 
-def arrow(ids: np.ndarray, ops: list[str], lsn: int, chunk: int = 10_000):
+def arrow(ids: np.ndarray, ops: list[str], lsn: int, chunk: int = 10_000) -> Iterator[pa.RecordBatch]:
     for i in range(0, len(ids), chunk):
         x = ids[i : i + chunk]
         yield pa.record_batch(
@@ -58,7 +59,7 @@ def run(ids: np.ndarray, ops: list[str], batch: int, profile: cProfile.Profile |
         for p, (a, b) in enumerate([(0, halves), (halves, len(ids))])
     ]
     tasks = time.perf_counter()
-    _commit(plan, list(messages), batch)
+    LakeSinkStreamWriter(plan).commit(list(messages), batch)  # the driver's whole step: tombstones, commit, maintenance
     if profile:
         profile.disable()
     done = time.perf_counter()

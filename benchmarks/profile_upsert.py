@@ -9,6 +9,8 @@ import pstats
 import shutil
 import sys
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,14 +28,14 @@ shutil.rmtree(wh, ignore_errors=True)
 S = T.StructType([T.StructField("id", T.LongType()), T.StructField("cat", T.LongType()), T.StructField("amount", T.DoubleType()), T.StructField("name", T.StringType())])
 
 
-def batches(ids, chunk=10000):
+def batches(ids: Any, chunk: int = 10000) -> Iterator[pa.RecordBatch]:
     ids = np.asarray(ids, dtype=np.int64)
     for i in range(0, len(ids), chunk):
         x = ids[i:i+chunk]
         yield pa.record_batch([pa.array(x), pa.array(x % 100), pa.array(x * 0.5), pa.array([f"name-{v}" for v in x])], names=["id","cat","amount","name"])
 
 
-def run(ids, b, prof=False):
+def run(ids: Any, b: int, prof: bool = False) -> None:
     o = parse_options({"table": "db.t", "warehouse": wh, "operation": "upsert", "primary_key": "id", "index_dir": wh + "/idx"})
     plan = plan_write(o, S, overwrite=False)
     t0 = time.perf_counter()

@@ -122,7 +122,7 @@ def write_markdown(results: dict[str, Any], path: Path, plot_name: str) -> None:
     add(f"- **Date**: {env['date']}")
     add(f"- **Machine**: {env['cores']} cores ({env['cpu']}), {env['memory_gib']} GiB memory, {env['os']}; shared machine, "
         f"1-minute load average {results['load_avg_start']:.2f} at start, {results['load_avg_end']:.2f} at end")
-    probes = [(when, results.get(f"host_probe_{when}")) for when in ("start", "end")]
+    probes: list[tuple[str, Any]] = [(when, results.get(f"host_probe_{when}")) for when in ("start", "end")]
     if all(p for _, p in probes):
         add("- **Host speed** (a fixed pure-Python loop in fresh processes, to compare runs of other days): "
             + "; ".join(f"at {when} {p['alone_s']:.2f} s alone, {p['pair_s']:.2f} s each with two at once "

@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.harness import OUT_DIR, PROJECT_ROOT, _cpu_ticks, _descendants, host_probe, log
+from benchmarks.harness import OUT_DIR, PROJECT_ROOT, _cpu_ticks, _descendants, host_probe, log, register_lakesink
 
 WORKDIR = Path("/tmp/lakesink-routed")
 SCHEMA = pa.schema([("tbl", pa.string()), ("id", pa.int64()), ("amount", pa.float64()), ("name", pa.string())])
@@ -85,12 +85,11 @@ def run_side(side: str, case: str, work: Path) -> dict[str, Any]:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    from lakesink_datasource import LakeSinkDataSource
 
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "4g").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(LakeSinkDataSource)
+    register_lakesink(spark)
     spec = CASES[case]
     keyed = {"operation": "upsert", "primary_key": "id", "index_dir": str(work / "index")} if case == "thousand" else {}
     common = {"warehouse": str(work / "warehouse"), "progress": "false", "maintenance": "off", **keyed}

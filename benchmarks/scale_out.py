@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import OUT_DIR, host_probe, log
+from benchmarks.harness import OUT_DIR, host_probe, log, register_lakesink
 from benchmarks.standalone import Cluster
 
 IDENT = "bench.keyed"
@@ -54,8 +54,6 @@ TARGETS = {"bytes_2": 0.6, "bytes_4": 0.35, "index_2": 1.1, "fresh": 2.0, "route
 def _session(cluster: Cluster, workers: int) -> Any:
     from pyspark.sql import SparkSession
 
-    from lakesink_datasource import LakeSinkDataSource
-    from lakesink_datasource.spark_version import register_replaces_found
 
     spark = (
         SparkSession.builder.master(cluster.master)
@@ -71,8 +69,7 @@ def _session(cluster: Cluster, workers: int) -> Any:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    if register_replaces_found():  # PySpark 4.0 refuses it: lakesink is found by name there
-        spark.dataSource.register(LakeSinkDataSource)
+    register_lakesink(spark)
     return spark
 
 

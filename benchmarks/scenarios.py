@@ -391,7 +391,7 @@ SCENARIOS: list[Scenario] = [
 def select(names: list[str] | None) -> list[Scenario]:
     if not names:
         return list(SCENARIOS)
-    chosen = []
+    chosen: list[Scenario] = []
     for name in names:
         match = [s for s in SCENARIOS if name in (s.id, s.key)]
         if not match:

@@ -45,6 +45,7 @@ if _gc_path:
             _gc_started[0] = time.perf_counter()
             return
         took = time.perf_counter() - _gc_started[0]
+        assert _gc_path is not None
         with open(_gc_path, "a") as fh:
             fh.write(f"{time.time():.3f} {os.getpid()} {took * 1000:.2f} {len(gc.get_objects(generation=2))}\n")
 

@@ -25,7 +25,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyspark.sql import types as T
 
 from lakesink_datasource.check import check_table
-from lakesink_datasource.datasource import _commit
+from lakesink_datasource.datasource import LakeSinkStreamWriter
 from lakesink_datasource.duckdb_reader import connect as duckdb_connect
 from lakesink_datasource.index.sharded_index import open_sharded
 from lakesink_datasource.options import parse_options
@@ -51,7 +51,7 @@ def batch(ids: np.ndarray, ops: list[str], lsn: int) -> None:
     rows = pa.record_batch([pa.array(ids), pa.array([f"v{lsn}-{i}" for i in ids.tolist()]), pa.array(ops),
                             pa.array(np.full(len(ids), lsn, dtype=np.int64))], names=["id", "v", "op", "lsn"])
     message = write_task(plan, iter([rows]), who=TaskIdentity(batch_id=lsn, query_id="q", partition_id=0))
-    _commit(plan, [message], lsn)
+    LakeSinkStreamWriter(plan).commit([message], lsn)
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ def task(args):
 
 if __name__ == "__main__":
     shutil.rmtree(root, ignore_errors=True)
-    from lakesink_datasource.datasource import _commit
+    from lakesink_datasource.datasource import LakeSinkStreamWriter
     from lakesink_datasource.options import parse_options
     from lakesink_datasource.table.setup import plan_write
     ctx = mp.get_context("spawn")
@@ -43,7 +43,7 @@ if __name__ == "__main__":
         futs = [pools[p].apply_async(task, ((plan, p, value, b),)) for p in range(2)]
         res = [f.get() for f in futs]
         t1 = time.perf_counter()
-        _commit(plan, [r[0] for r in res], b)
+        LakeSinkStreamWriter(plan).commit([r[0] for r in res], b)
         t2 = time.perf_counter()
         value += 2000
         idx = f"{root}/index"

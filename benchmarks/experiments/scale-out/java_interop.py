@@ -28,7 +28,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyspark.sql import types as T
 
 from lakesink_datasource.check import check_table
-from lakesink_datasource.datasource import _commit
+from lakesink_datasource.datasource import LakeSinkStreamWriter
 from lakesink_datasource.duckdb_reader import connect as duckdb_connect
 from lakesink_datasource.index import published
 from lakesink_datasource.messages import decode_messages
@@ -64,7 +64,7 @@ def batch(ids: np.ndarray, ops: list[str], lsn: int, hosts: list[int]) -> list[s
                                names=["id", "v", "op", "lsn"])
         on_host = msgspec.structs.replace(plan, options=msgspec.structs.replace(plan.options, index_dir=f"{WAREHOUSE}/idx-{host}"))
         messages.append(write_task(on_host, iter([rows]), who=TaskIdentity(batch_id=lsn, query_id="q", partition_id=part)))
-    _commit(plan, messages, lsn)
+    LakeSinkStreamWriter(plan).commit(messages, lsn)
     published.wait_for_publishing()
     return [f"host {h}: {r.index_sync}" + (f", compacted {len(r.compaction.rewritten)} files into {len(r.compaction.files)}"
                                              if r.compaction is not None else "")
