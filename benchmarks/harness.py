@@ -698,3 +698,14 @@ def summarize(records: list[dict[str, Any]], rows: int) -> dict[str, Any]:
         out["phases_median"] = {k: round(statistics.median(p[k] for p in phase_runs), 3) for k in keys}
         out["commits"] = phase_runs[-1]["commits"]
     return out
+
+
+def tests_module(name: str) -> Any:
+    """A helper module of the tests (`tests/<name>.py`), for a benchmark that runs what a test
+    runs (the standalone cluster: `tests_module("standalone_cluster").Cluster`)."""
+    import importlib
+
+    tests = str(PROJECT_ROOT / "tests")
+    if tests not in sys.path:
+        sys.path.append(tests)
+    return importlib.import_module(name)

@@ -1,6 +1,6 @@
 """Keyed streams on 1, 2 and 4 hosts through key shards: `python -m benchmarks scale-out`.
 
-A real standalone cluster (benchmarks/standalone.py: a master and workers, each with a HOME
+A real standalone cluster (tests/standalone_cluster.py: a master and workers, each with a HOME
 of its own, so its own key index) runs a keyed upsert stream routed by
 `cluster_by_key` (SHARDS key shards, one per task slot) over 100K-row micro-batches (half
 updates of existing keys spread over the table, half new keys; one Parquet file per
@@ -38,8 +38,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import OUT_DIR, host_probe, log, register_lakesink
-from benchmarks.standalone import Cluster
+from benchmarks.harness import OUT_DIR, host_probe, log, register_lakesink, tests_module
+
+Cluster = tests_module("standalone_cluster").Cluster  # the cluster the tests start
 
 IDENT = "bench.keyed"
 SLOTS = 4  # task slots in every set-up
@@ -51,7 +52,7 @@ LOCALITY_WAIT = "100ms"
 TARGETS = {"bytes_2": 0.6, "bytes_4": 0.35, "index_2": 1.1, "fresh": 2.0, "routed_over_plain": 1.2}
 
 
-def _session(cluster: Cluster, workers: int) -> Any:
+def _session(cluster: Any, workers: int) -> Any:
     from pyspark.sql import SparkSession
 
 

@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import OUT_DIR, host_probe, log
+from benchmarks.harness import OUT_DIR, host_probe, log, tests_module
 from benchmarks.scale_out import LOCALITY_WAIT, SCHEMA, Source, annotate, moves
-from benchmarks.standalone import Cluster
+
+Cluster = tests_module("standalone_cluster").Cluster  # the cluster the tests start
 
 ROWS = 400_000
 BATCH_ROWS = 50_000
@@ -36,7 +37,7 @@ SHUFFLE_PARTITIONS = 4
 SETUPS = {"shards=4": 4, "default": None}
 
 
-def _session(cluster: Cluster) -> Any:
+def _session(cluster: Any) -> Any:
     from pyspark.sql import SparkSession
 
     spark = (

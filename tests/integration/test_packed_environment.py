@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from lakesink_testing import assert_readers_see, expected_rows, load
+from standalone_cluster import Cluster
 
-from benchmarks.standalone import Cluster
 from lakesink_datasource.check import check_table
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from lakesink_testing import assert_readers_see, expected_rows, load, table_exists
+from standalone_cluster import Cluster
 
-from benchmarks.standalone import Cluster
 from lakesink_datasource.check import check_table
 from lakesink_datasource.iceberg.summary_keys import HOSTS
 

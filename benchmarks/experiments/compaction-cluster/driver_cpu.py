@@ -2,7 +2,7 @@
 
     python benchmarks/experiments/compaction-cluster/driver_cpu.py [BATCHES]
 
-A standalone cluster of two one-core workers (benchmarks/standalone.py) appends BATCHES
+A standalone cluster of two one-core workers (tests/standalone_cluster.py) appends BATCHES
 micro-batches of 1M rows (the stream-append benchmark's rows) into a table partitioned by
 `cat` (20 values), so every batch writes 20 small files per task and the table needs
 compaction. Once with `maintenance=auto` (the tasks rewrite, the driver plans and lands)
@@ -23,8 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from benchmarks.harness import log_events, worker_environment
-from benchmarks.standalone import Cluster
+from benchmarks.harness import log_events, tests_module, worker_environment
+
+Cluster = tests_module("standalone_cluster").Cluster
 from benchmarks.stream_append import Case, make_source, table_stats
 
 ROOT = Path("/tmp/lakesink-compaction-cluster")

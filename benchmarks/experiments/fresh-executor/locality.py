@@ -24,8 +24,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from benchmarks import scale_out
+from benchmarks.harness import tests_module
 from benchmarks.scale_out import Source, _build_base, _running_stream, _wait_for_batches, _wait_for_executors, annotate
-from benchmarks.standalone import Cluster
+
+Cluster = tests_module("standalone_cluster").Cluster
 
 WORKDIR = Path("/tmp/lakesink-fresh-executor")
 

@@ -28,8 +28,10 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from benchmarks.harness import tests_module
 from benchmarks.scale_out import IDENT, Source, _build_base, _session, _stream, _wait_for_executors, annotate
-from benchmarks.standalone import Cluster
+
+Cluster = tests_module("standalone_cluster").Cluster
 
 ROOT = Path("/tmp/lakesink-java-routed")
 ROWS, BATCH_ROWS = 20_000, 4_000

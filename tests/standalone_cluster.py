@@ -1,6 +1,6 @@
 """A real Spark standalone cluster from pyspark's own launcher (bin/spark-class): a master and
 workers, each worker with a HOME of its own (so its own key index, like a machine of its
-own). Shared by the cluster test and `python -m benchmarks scale-out`.
+own). Shared by the cluster tests and `python -m benchmarks scale-out` and `shard-moves`.
 """
 
 from __future__ import annotations
