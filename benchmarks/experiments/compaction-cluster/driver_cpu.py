@@ -24,9 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from benchmarks.harness import log_events, tests_module, worker_environment
+from benchmarks.stream_append import Case, make_source, table_stats
 
 Cluster = tests_module("standalone_cluster").Cluster
-from benchmarks.stream_append import Case, make_source, table_stats
 
 ROOT = Path("/tmp/lakesink-compaction-cluster")
 
