@@ -510,7 +510,7 @@ class ClusteredTablesStreamWriter(DataSourceStreamArrowWriter):
         for shard in shards:
             for name, position in shard.truncates.items():
                 truncates[name] = max(position, truncates.get(name, position))
-        from lakesink_datasource.debezium.decode import check_batch_sources
+        from lakesink_datasource.debezium.naming import check_batch_sources
 
         check_batch_sources(shard.sources for shard in shards)  # shards of one table, two source tables
         sources = {name: source for shard in shards for name, source in shard.sources.items()}

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from lakesink_datasource.debezium.memo import Memo
 from lakesink_datasource.errors import LakesinkError
 
 NOTHING = msgspec.Raw()
@@ -121,20 +122,20 @@ def _raw(value: msgspec.Raw) -> msgspec.Raw | None:
 # JsonConverter writes a topic's values as `{"schema":<the same schema>,"payload":<the change>}`:
 # that prefix, learnt per topic, is compared (a memcmp) instead of parsed, which was most of a
 # record's cost (a table's schema is often 2-3 KB, its change a few hundred bytes).
-_PREFIXES: dict[str | None, list[tuple[bytes, bytes]]] = {}  # topic -> [(prefix, the schema in it)]
-_KEY_PREFIXES: dict[str | None, tuple[bytes, bytes]] = {}  # topic -> its keys' (prefix, schema)
 _MAX_TOPICS = 4096
+_PREFIXES: Memo[str | None, list[tuple[bytes, bytes]]] = Memo(_MAX_TOPICS)  # topic -> [(prefix, the schema in it)]
+_KEY_PREFIXES: Memo[str | None, tuple[bytes, bytes]] = Memo(_MAX_TOPICS)  # topic -> its keys' (prefix, schema)
 _PER_TOPIC = 8  # schemas a topic keeps (a topic several tables share, a table's new version)
 
 
 def known_prefixes(topic: str | None) -> list[tuple[bytes, bytes]]:
     """The wrapper prefixes (and schemas) seen on `topic`'s values, newest first."""
-    return _PREFIXES.get(topic, [])
+    return _PREFIXES.known(topic) or []
 
 
 def key_prefix(topic: str | None) -> tuple[bytes, bytes] | None:
     """The wrapper prefix (and schema) of `topic`'s keys, once one was read."""
-    return _KEY_PREFIXES.get(topic)
+    return _KEY_PREFIXES.known(topic)
 
 
 def read_value(value: bytes | str | None, topic: str | None, what: str) -> Event:
@@ -142,7 +143,7 @@ def read_value(value: bytes | str | None, topic: str | None, what: str) -> Event
     if value is None:
         return Event(Kind.TOMBSTONE)
     if isinstance(value, bytes) and value.endswith(b"}"):
-        for prefix, known in _PREFIXES.get(topic, ()):
+        for prefix, known in _PREFIXES.known(topic) or ():
             if value.startswith(prefix):
                 try:
                     payload = _payload.decode(memoryview(value)[len(prefix) : -1])
@@ -184,9 +185,7 @@ def _learn(topic: str | None, value: bytes, schema: bytes) -> None:
     if found is None or found[1] != schema:
         return
     prefix = found[0]
-    if len(_PREFIXES) >= _MAX_TOPICS:
-        _PREFIXES.clear()  # a long-lived worker meeting many topics: keep it bounded
-    known = [(p, s) for p, s in _PREFIXES.get(topic, ()) if p != prefix]
+    known = [(p, s) for p, s in _PREFIXES.known(topic) or () if p != prefix]
     _PREFIXES[topic] = [(prefix, schema), *known][:_PER_TOPIC]
 
 
@@ -281,12 +280,10 @@ def read_key(key: bytes | str | None, what: str, topic: str | None = None) -> tu
     schema = _raw(top.schema)
     if payload is not None and schema is not None:
         known = bytes(schema)
-        held = _KEY_PREFIXES.get(topic)
+        held = _KEY_PREFIXES.known(topic)
         if isinstance(key, bytes) and (held is None or not key.startswith(held[0])):
             found = _prefix(key)
             if found is not None and found[1] == known:
-                if len(_KEY_PREFIXES) >= _MAX_TOPICS:
-                    _KEY_PREFIXES.clear()
                 _KEY_PREFIXES[topic] = found
         return payload, known
     if bytes(top.payload) == NULL and _raw(top.schema) is not None:

@@ -26,7 +26,8 @@ from pyspark.sql.datasource import WriterCommitMessage
 from lakesink_datasource.catalog import loader
 from lakesink_datasource.catalog.table_transaction import TableTransaction, TransactionAborted, supports_transactions
 from lakesink_datasource.catalog.transient import catalog_call
-from lakesink_datasource.debezium.decode import UNWRITTEN_TRUNCATES, check_batch_sources
+from lakesink_datasource.debezium.decode import UNWRITTEN_TRUNCATES
+from lakesink_datasource.debezium.naming import check_batch_sources
 from lakesink_datasource.messages import LakeSinkCommitMessage, RoutedTablesMessage
 from lakesink_datasource.table.plan import WritePlan, retry_clock
 

@@ -22,19 +22,13 @@ from pyiceberg.table import Table
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
-from lakesink_datasource.debezium.decode import (
-    OP_COLUMN,
-    SOURCE_PROPERTY,
-    Decoded,
-    DecodedTable,
-    check_table_source,
-    decode,
-    source_property,
-)
+from lakesink_datasource.debezium.decode import Decoded, DecodedTable, decode
 from lakesink_datasource.debezium.envelope import DebeziumInputError
 from lakesink_datasource.debezium.failovers import BINLOGS_PROPERTY
+from lakesink_datasource.debezium.naming import SOURCE_PROPERTY, check_table_source, source_property
 from lakesink_datasource.debezium.options import DEFAULT_PLACEHOLDER
 from lakesink_datasource.debezium.positions import POSITION_COLUMN, check_stored
+from lakesink_datasource.debezium.records import OP_COLUMN
 from lakesink_datasource.index import environment
 from lakesink_datasource.index.key_route import NO_ROUTE, ROUTE_COLUMN, misrouted_message, text_misrouted
 from lakesink_datasource.messages import LakeSinkCommitMessage, RoutedTablesMessage

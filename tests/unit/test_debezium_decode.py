@@ -33,6 +33,7 @@ from lakesink_datasource.debezium.connect_schema import (
 )
 from lakesink_datasource.debezium.decode import decode
 from lakesink_datasource.debezium.envelope import DebeziumInputError, Kind, Source, read_key, read_value
+from lakesink_datasource.debezium.memo import Memo
 from lakesink_datasource.debezium.options import DebeziumOptions
 from lakesink_datasource.debezium.positions import positions
 
@@ -218,22 +219,20 @@ def test_the_bulk_read_gives_what_reading_record_by_record_gives(monkeypatch: py
     pg.truncate("log")
     records = to_arrow(pg.records)
     options = DebeziumOptions(namespace="r")
-    envelope._PREFIXES.clear()
-    envelope._KEY_PREFIXES.clear()
+    Memo.forget_all()  # as a fresh process reads them
     one_by_one = decode(records, options, lambda _: None, bulk=False)
-    envelope._PREFIXES.clear()
-    envelope._KEY_PREFIXES.clear()
+    Memo.forget_all()  # as a fresh process reads them
     from lakesink_datasource.debezium import decode as decode_module
 
     taken: list[tuple[str, int, bool]] = []
-    read_in_bulk = decode_module._in_bulk
+    read_in_bulk = decode_module.read_in_bulk
 
     def spied(task, topic, prefix, schema, members, *rest):  # type: ignore[no-untyped-def]
         result = read_in_bulk(task, topic, prefix, schema, members, *rest)
         taken.append((str(topic), len(members), result))
         return result
 
-    monkeypatch.setattr(decode_module, "_in_bulk", spied)
+    monkeypatch.setattr(decode_module, "read_in_bulk", spied)
     in_bulk = decode(records, options, lambda _: None)  # a topic's first record teaches its prefix, the rest go in bulk
     # Every record that has a value (all but the tombstones) went in bulk, in one read per topic.
     with_value = Counter(str(r["topic"]) for r in pg.records if r["value"] is not None)
@@ -255,7 +254,6 @@ def test_a_bad_key_read_in_bulk_is_named_by_topic_partition_and_offset() -> None
     sys.path.insert(0, str(Path(__file__).parents[1]))
     from debezium_events import Column, Connector, SourceDatabase, SourceTable, to_arrow
 
-    from lakesink_datasource.debezium import envelope
 
     people = SourceTable("d", "public", "people", (Column("id", "int32", optional=False), Column("name", "string")), ("id",))
     pg = SourceDatabase(Connector("postgresql", "pg"), [people])
@@ -263,8 +261,7 @@ def test_a_bad_key_read_in_bulk_is_named_by_topic_partition_and_offset() -> None
         pg.insert("people", {"id": i, "name": f"p{i}"})
     records = [dict(r) for r in pg.records]
     records[3]["key"] = b"7"  # after the first record, which is read whole: this one goes in bulk
-    envelope._PREFIXES.clear()
-    envelope._KEY_PREFIXES.clear()
+    Memo.forget_all()  # as a fresh process reads them
     where = f"the record at topic 'pg.public.people', partition {records[3]['partition']}, offset {records[3]['offset']}"
     with pytest.raises(DebeziumInputError, match=f"^{re.escape(where)} has a key that is not a JSON object"):
         decode(to_arrow(records), DebeziumOptions(namespace="r"), lambda _: None)
@@ -431,7 +428,6 @@ def test_decimals_past_38_digits_are_refused_naming_the_column() -> None:
 def test_the_values_stored_as_null_are_counted_with_the_skipped_records() -> None:
     """The count reaches the batch's progress line through `Decoded.skipped`, read in bulk or
     one by one alike."""
-    from lakesink_datasource.debezium import envelope
 
     fields = [{"type": "int32", "optional": False, "field": "id"}, {"type": "string", "optional": True, "field": "until",
                                                                     "name": "io.debezium.time.ZonedTimestamp"}]
@@ -449,8 +445,7 @@ def test_the_values_stored_as_null_are_counted_with_the_skipped_records() -> Non
     records = pa.table({"key": [k for k, _ in made], "value": [v for _, v in made], "topic": ["t"] * 4,
                         "partition": pa.array([0] * 4, pa.int32()), "offset": pa.array(range(4), pa.int64())})
     for bulk in (False, True):
-        envelope._PREFIXES.clear()
-        envelope._KEY_PREFIXES.clear()
+        Memo.forget_all()  # as a fresh process reads them
         decoded = decode(records, DebeziumOptions(namespace="r"), lambda _: None, bulk=bulk)
         assert decoded.skipped == {"PostgreSQL infinity/-infinity values of column 'until' (stored as null)": 3}, bulk
         assert decoded.tables[0].rows.column("until").null_count == 3
@@ -466,12 +461,10 @@ def _kafka(values: list[dict], keys: list[dict], topic: str) -> pa.Table:
 def _decoded_both_ways(records: pa.Table, existing: pa.Schema | None = None) -> list[pa.Table]:
     """The one table's rows read in bulk (once a topic's first record taught its prefix) and
     record by record."""
-    from lakesink_datasource.debezium import envelope
 
     out = []
     for bulk in (True, False):
-        envelope._PREFIXES.clear()
-        envelope._KEY_PREFIXES.clear()
+        Memo.forget_all()  # as a fresh process reads them
         decoded = decode(records, DebeziumOptions(namespace="r"), lambda _: existing, bulk=bulk)
         assert len(decoded.tables) == 1
         out.append(decoded.tables[0].rows)
