@@ -174,7 +174,7 @@ def _measure_memory(run) -> dict[str, Any]:  # type: ignore[no-untyped-def]
 
     import pyarrow as pa
 
-    from lakesink_datasource.write import task as task_module
+    from lakesink_datasource.write import task_writers as task_module
 
     writers: list[Any] = []
     original = task_module.PartitionedParquetWriter
