@@ -21,7 +21,8 @@ from lakesink_datasource.iceberg.compat import v3_metadata_writes
 from lakesink_datasource.options import OptionError, parse_options
 from lakesink_datasource.publish import PublishError, publish_branch
 from lakesink_datasource.table.setup import plan_write
-from lakesink_datasource.write.task import ReplaceWhereError, write_task
+from lakesink_datasource.write.task import write_task
+from lakesink_datasource.write.task_writers import ReplaceWhereError
 
 IDENT = "db.t"
 SCHEMA = T.StructType([T.StructField("id", T.LongType()), T.StructField("region", T.StringType()), T.StructField("v", T.StringType())])
