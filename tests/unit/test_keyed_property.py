@@ -29,7 +29,7 @@ from sort_model import is_sorted
 from lakesink_datasource.iceberg.live_files import live_data_files
 from lakesink_datasource.iceberg.summary_keys import MOVED_DELETES
 from lakesink_datasource.maintenance.compaction import compact
-from lakesink_datasource.write import task as task_module
+from lakesink_datasource.write import task_writers as task_module
 
 PARTITIONS = st.sampled_from([None, "bucket(4, id)", "days(ts)"])
 SETTINGS = settings(
@@ -130,7 +130,7 @@ def _dedupe_task(split: bool) -> list[list[dict]]:
     task's next chunk) or in the same Arrow batch (both in one chunk)."""
     from keyed_model import BASE_TS
 
-    from lakesink_datasource.write.task import CHUNK_ROWS
+    from lakesink_datasource.write.task_writers import CHUNK_ROWS
 
     first = [{"id": i, "v": "first" if i == 0 else None, "ts": BASE_TS} for i in range(CHUNK_ROWS)]
     again = [{"id": 0, "v": "again", "ts": BASE_TS}]

@@ -46,7 +46,7 @@ from lakesink_datasource.messages import decode_messages
 from lakesink_datasource.options import OptionError, parse_options
 from lakesink_datasource.schema.arrow_align import table_arrow_schema
 from lakesink_datasource.table.setup import plan_write
-from lakesink_datasource.write import task as task_module
+from lakesink_datasource.write import task_writers as task_module
 from lakesink_datasource.write.task import TaskIdentity, write_task
 
 ICEBERG = Schema(NestedField(1, "id", LongType()), NestedField(2, "s", StringType()), NestedField(3, "ts", TimestampType()))
