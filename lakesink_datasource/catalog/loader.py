@@ -2,8 +2,9 @@
 
 With no catalog option lakesink embeds one: pyiceberg's SQL catalog tables on SQLite at
 `<warehouse>/catalog.db` (the same table layout as Iceberg's JDBC catalog, so Java
-engines can open it too), its write path through sqlite3 (catalog/embedded.py). Otherwise `catalog` names a catalog configured the usual
-pyiceberg way, and every `catalog.<key>` option is passed as a catalog property.
+engines can open it too), its write path through sqlite3 (catalog/embedded.py).
+Otherwise `catalog` names a catalog configured the usual pyiceberg way, and every
+`catalog.<key>` option is passed as a catalog property.
 """
 
 from __future__ import annotations
