@@ -38,9 +38,12 @@ def damage(path: str) -> str | None:
         return "not a directory"
     data = os.path.join(path, "data.mdb")
     try:
-        size = os.path.getsize(data)
         with open(data, "rb") as f:
             head = f.read(2 * _PAGE)
+            # The size after the meta pages: another process's commit writes its pages before
+            # its meta page, so a size read first (before a commit that grew the file) made a
+            # live index look truncated, and open_index deleted it under its writer.
+            size = os.fstat(f.fileno()).st_size
     except FileNotFoundError:
         return None  # no index yet
     if size == 0:
