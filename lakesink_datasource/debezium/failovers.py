@@ -74,6 +74,11 @@ def gtid_of(text: Any) -> tuple[str, int] | None:
     return (origin, int(n)) if n.isdigit() else None
 
 
+def _copied(binlog: Binlog) -> Binlog:
+    """A copy whose dicts and lists the caller may change."""
+    return msgspec.structs.replace(binlog, newest=dict(binlog.newest), eras={o: list(e) for o, e in binlog.eras.items()})
+
+
 def _era(binlog: Binlog, origin: str, n: int) -> int:
     """The failover count a re-sent transaction was first read with."""
     eras = binlog.eras.get(origin)
@@ -86,7 +91,7 @@ def _era(binlog: Binlog, origin: str, n: int) -> int:
 def count_failovers(position: pa.StructArray, partitions: Sequence[str], offsets: Sequence[Any], known: Binlogs) -> tuple[pa.StructArray, Binlogs]:
     """`position` (a MySQL/MariaDB table's, with its GTIDs) with each change's failover count,
     without the GTIDs, and what the partitions showed (`known` and these changes)."""
-    binlogs = {k: msgspec.structs.replace(v, newest=dict(v.newest), eras={o: list(e) for o, e in v.eras.items()}) for k, v in known.items()}
+    binlogs = {k: _copied(v) for k, v in known.items()}
     names = [f.name for f in position.type]
     files = position.field(names.index("file_number")).to_pylist()
     poss = position.field(names.index("pos")).to_pylist()
@@ -141,7 +146,7 @@ def merged(states: Iterable[Binlogs]) -> Binlogs:
         for key, b in state.items():
             a = out.get(key)
             if a is None:
-                out[key] = msgspec.structs.replace(b, newest=dict(b.newest), eras={o: list(e) for o, e in b.eras.items()})
+                out[key] = _copied(b)
                 continue
             if b.failovers > a.failovers:
                 a.failovers, a.top, a.snapshot = b.failovers, b.top, b.snapshot

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 from pyiceberg.io import FileIO
@@ -24,9 +24,6 @@ from lakesink_datasource.table import idempotency, metadata_cache
 from lakesink_datasource.table.plan import WritePlan, retry_clock
 from lakesink_datasource.write.changes import KeyedInputError
 from lakesink_datasource.write.task_writers import TableFiles, task_writer
-
-if TYPE_CHECKING:
-    pass
 
 # The carried compaction is imported by the tasks that carry one: a task is often the first
 # thing a fresh Python worker runs.

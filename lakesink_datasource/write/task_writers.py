@@ -145,11 +145,29 @@ class ReplaceWhereError(LakesinkError, ValueError):
     """Rows of an overwrite with replace_where fall outside its filter."""
 
 
-class AppendTaskWriter:
+class _RollingFiles:
+    """What both kinds share: the rolling Parquet writers, closed (timed with the writes) or
+    aborted."""
+
+    def __init__(self, files: TableFiles) -> None:
+        self._files = files
+        self._write_seconds = 0.0
+
+    def close(self) -> list[DataFileMessage]:
+        started = time.perf_counter()
+        files = self._files.writer.close()
+        self._write_seconds += time.perf_counter() - started
+        return files
+
+    def abort(self) -> None:
+        _undo(self._files.writer.abort)
+
+
+class AppendTaskWriter(_RollingFiles):
     """Rows appended as they are: aligned, split by partition, written."""
 
     def __init__(self, plan: WritePlan, files: TableFiles) -> None:
-        self._files = files
+        super().__init__(files)
         # Rows an overwrite with replace_where writes must match its filter (as Delta checks):
         # the overwrite replaces exactly the matching rows, so a row outside it would land
         # beside the rows it was meant to replace.
@@ -157,7 +175,7 @@ class AppendTaskWriter:
         # Concatenating Spark's batches only pays where they are split by partition; an
         # unpartitioned append buffers them as they come (the writer keeps each once).
         self.chunk_rows = 1 if files.splitter.is_unpartitioned else CHUNK_ROWS
-        self._partition_seconds = self._write_seconds = 0.0
+        self._partition_seconds = 0.0
 
     def input(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return batches
@@ -172,15 +190,6 @@ class AppendTaskWriter:
         self._files.writer.write_groups(grouped, groups)
         self._partition_seconds += split - started
         self._write_seconds += time.perf_counter() - split
-
-    def close(self) -> list[DataFileMessage]:
-        started = time.perf_counter()
-        files = self._files.writer.close()
-        self._write_seconds += time.perf_counter() - started
-        return files
-
-    def abort(self) -> None:
-        _undo(self._files.writer.abort)
 
     def stats(self) -> dict[str, Any]:
         return {"partition_seconds": self._partition_seconds, "write_seconds": self._write_seconds}
@@ -200,19 +209,19 @@ def _check_rows_match(row_filter: RowFilter, batch: pa.Table | pa.RecordBatch) -
         )
 
 
-class KeyedTaskWriter:
+class KeyedTaskWriter(_RollingFiles):
     """Rows written by key: each chunk's keys resolved in the host's key index first."""
 
     def __init__(self, plan: WritePlan, metadata: TableMetadata, files: TableFiles, who: TaskIdentity) -> None:
         assert plan.keyed is not None
-        self._plan, self._keyed_plan, self._metadata, self._files, self._who = plan, plan.keyed, metadata, files, who
+        super().__init__(files)
+        self._plan, self._keyed_plan, self._metadata, self._who = plan, plan.keyed, metadata, who
         self._index: TaskIndex | None = None
         self._writer: KeyedWriter | None = None
         self._route: KeyRoute | None = None
         # A history table's key may change several times in a task: its versions must all be
         # decided at once (a version written by an earlier chunk is not in a file yet).
         self.chunk_rows = 1 << 62 if plan.keyed.history is not None else CHUNK_ROWS
-        self._write_seconds = 0.0
 
     def input(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from lakesink_datasource.write.keyed import chunk_route
@@ -268,14 +277,8 @@ class KeyedTaskWriter:
         self._writer.write(chunk)
         self._write_seconds += time.perf_counter() - started
 
-    def close(self) -> list[DataFileMessage]:
-        started = time.perf_counter()
-        files = self._files.writer.close()
-        self._write_seconds += time.perf_counter() - started
-        return files
-
     def abort(self) -> None:
-        _undo(self._files.writer.abort)
+        super().abort()
         if self._writer is not None:
             _undo(self._writer.rollback)
 
