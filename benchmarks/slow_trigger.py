@@ -1,12 +1,14 @@
 """Streams triggered a minute or more apart: what each micro-batch costs once Spark's Python
 workers have been closed for being idle (60 s, a constant in Spark's `PythonWorkerFactory`).
 
-Three sides, each a `local[2]` streaming query of its own process over the `rate` source
-(`ROWS` rows a batch), started a third of the trigger apart so their batches do not overlap:
+Four sides, each a `local[2]` streaming query of its own process over the `rate` source
+(`ROWS` rows a batch), started a quarter of the trigger apart so their batches do not overlap:
 - `null_stream`: drops its Arrow batches (the floor of any Python sink);
 - `lakesink`: appends to a table of the embedded catalog;
 - `lakesink + worker_daemon`: the same with `spark.python.daemon.module=
-  lakesink_datasource.worker_daemon` (the executor daemon imports the task side before it forks).
+  lakesink_datasource.worker_daemon` (the executor daemon imports the task side before it forks);
+- `lakesink + lakesink-python`: the same with `PYSPARK_PYTHON=<venv>/bin/lakesink-python` (every
+  daemon, the driver's planner and commit daemons too, imports lakesink before it forks).
 Each side's batch durations come from Spark's progress (`durationMs.triggerExecution`); the
 first batch (every process starts cold) is reported apart. Run: `python -m benchmarks
 slow-trigger [--trigger 65] [--batches 11]` -> SLOW-TRIGGER.md, slow_trigger.json.
@@ -19,6 +21,7 @@ import os
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -26,10 +29,13 @@ from pathlib import Path
 from benchmarks.harness import log
 
 ROWS = 70_000
-SIDES = {
-    "null_stream": {},
-    "lakesink": {},
-    "lakesink + worker_daemon": {"spark.python.daemon.module": "lakesink_datasource.worker_daemon"},
+LAKESINK_PYTHON = str(Path(sysconfig.get_path("scripts")) / "lakesink-python")
+# side -> (Spark conf, Spark's Python)
+SIDES: dict[str, tuple[dict[str, str], str]] = {
+    "null_stream": ({}, sys.executable),
+    "lakesink": ({}, sys.executable),
+    "lakesink + worker_daemon": ({"spark.python.daemon.module": "lakesink_datasource.worker_daemon"}, sys.executable),
+    "lakesink + lakesink-python": ({}, LAKESINK_PYTHON),
 }
 
 CHILD = """
@@ -58,12 +64,12 @@ print(json.dumps([{"batch": p["batchId"], "rows": p["numInputRows"], "ms": p["du
 def main(trigger: int, batches: int, out: Path) -> int:
     started = time.time()
     procs = {}
-    for n, (side, conf) in enumerate(SIDES.items()):
+    for n, (side, (conf, python)) in enumerate(SIDES.items()):
         if n:
             time.sleep(trigger / len(SIDES))  # staggered: the sides' batches do not overlap
         workdir = tempfile.mkdtemp(prefix=f"slow-trigger-{n}-")
         args = [sys.executable, "-c", CHILD, side, str(trigger), str(batches), str(ROWS), workdir, json.dumps(conf)]
-        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+        env = {**os.environ, "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": sys.executable}
         procs[side] = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=Path(__file__).resolve().parents[1])
         log(f"started {side}")
     results = {}
@@ -85,7 +91,7 @@ def _report(results: dict[str, list[dict]], trigger: int, batches: int, seconds:
     floor = statistics.median(b["ms"] for b in results["null_stream"][1:]) / 1000
     lines = [
         f"# Slow triggers: batches {trigger} s apart\n",
-        f"`python -m benchmarks slow-trigger --trigger {trigger} --batches {batches}`: three `local[2]` streams of {ROWS:,}-row "
+        f"`python -m benchmarks slow-trigger --trigger {trigger} --batches {batches}`: {len(SIDES)} `local[2]` streams of {ROWS:,}-row "
         f"batches from the `rate` source, one process each, started {trigger // len(SIDES)} s apart ({seconds / 60:.0f} min). "
         "Spark closes a Python worker idle for 60 s, so every batch after the first forks its workers anew. Batch time is "
         "Spark's `triggerExecution`; the first batch (a cold process) is apart.\n",
