@@ -16,7 +16,7 @@ micro-batch) into a table of each size:
    starts; the next micro-batch is timed (its shards start from their published copies and
    catch up), as is a plain append's first batch on a fresh worker (what any sink's first
    batch there costs: Python workers, imports, catalog, metadata);
-3. on 1 worker, today's route against the key-shard route: the same stream unrouted
+3. on 1 worker, today's route against the key-shard route: the same stream unclustered
    (`repartition(SHARDS, "id")` into the whole index) and routed, alternating rounds.
 
 Writes SCALE-OUT.md and scale_out.json. Targets (issue 36): index bytes per host at most
@@ -46,7 +46,7 @@ IDENT = "bench.keyed"
 SLOTS = 4  # task slots in every set-up
 SHARDS = SLOTS  # one key shard per slot: the first batch places one per slot, evenly
 SCHEMA = "id long, v string, cat int, batch long"
-# What docs/usage.md recommends for routed streams: a shard whose executor is gone waits this
+# What docs/usage.md recommends for clustered streams: a shard whose executor is gone waits this
 # long (not Spark's default 3 s) before it runs elsewhere (experiments/fresh-executor).
 LOCALITY_WAIT = "100ms"
 TARGETS = {"bytes_2": 0.6, "bytes_4": 0.35, "index_2": 1.1, "fresh": 2.0, "routed_over_plain": 1.2}
@@ -172,7 +172,7 @@ def annotate(warehouse: Path, batches: list[dict[str, Any]], homes: list[Path], 
     """Each batch's index seconds (summed over its tasks), what started over, and which
     worker held each key shard, from its snapshot."""
     from lakesink_datasource.iceberg.summary_keys import EPOCH_ID, HOSTS, INDEX_SECONDS, INDEX_STARTS, QUERY_ID
-    from lakesink_datasource.index.key_route import KeyRoute
+    from lakesink_datasource.index.key_shards import KeyShard
     from lakesink_datasource.index.owner import index_owner, owner_digest
 
     metadata = _snapshots(warehouse, ident)
@@ -182,7 +182,7 @@ def annotate(warehouse: Path, batches: list[dict[str, Any]], homes: list[Path], 
             # Each streaming query keeps its own index on a host (index/for_write.index_location).
             base = home / ".cache" / "lakesink" / "index" / f"{metadata.table_uuid}.query-{owner_digest(query)}"
             owners[index_owner(str(base))] = (worker, -1)
-            owners.update({index_owner(f"{base}.{KeyRoute(s, shards).name()}"): (worker, s) for s in range(shards)})
+            owners.update({index_owner(f"{base}.{KeyShard(s, shards).name()}"): (worker, s) for s in range(shards)})
     by_epoch = {}
     for snapshot in metadata.snapshots:
         props = snapshot.summary.additional_properties
@@ -369,7 +369,7 @@ def render(results: dict[str, Any]) -> str:
         f"routed by `cluster_by_key` into {results['shards']} key shards; {results['slots']} task slots in every set-up (1 worker x "
         f"{results['slots']} cores, 2 x {results['slots'] // 2}, 4 x 1; this machine has 2 cores, so 4 workers time-share them), "
         f"each worker with its own HOME (key index); `spark.locality.wait.process={results.get('locality_wait', '3s')}` (the "
-        "setting docs/usage.md recommends for routed streams); "
+        "setting docs/usage.md recommends for clustered streams); "
         f"{results['reps']} timed micro-batches per set-up after a warm-up one; medians. "
         f"Host probe {results['host_probe_start']} -> {results['host_probe_end']}; {results['total_seconds'] / 60:.1f} min in all.",
         "",

@@ -37,7 +37,7 @@ def __getattr__(name: str) -> Any:
 
         return batch_sink
     if name == "cluster_by_key":
-        from lakesink_datasource.key_routing import cluster_by_key
+        from lakesink_datasource.key_clustering import cluster_by_key
 
         return cluster_by_key
     raise AttributeError(name)

@@ -142,7 +142,7 @@ class LakeSinkDataSource(DataSource):
     def streamWriter(
         self, schema: StructType, overwrite: bool
     ) -> LakeSinkStreamWriter | ClusteredStreamWriter | TablesStreamWriter | ClusteredTablesStreamWriter:
-        from lakesink_datasource.key_routing import clustered_stream
+        from lakesink_datasource.key_clustering import clustered_stream
         from lakesink_datasource.options import OptionError, parse_options
         from lakesink_datasource.routing.route_options import is_routed, parse_routing
         from lakesink_datasource.routing.route_plan import RoutedWrite, plan_routed_write
@@ -354,7 +354,7 @@ class ClusteredStreamWriter(DataSourceStreamArrowWriter):
 
     @without_traceback
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        from lakesink_datasource.key_routing import RESULT_COLUMN
+        from lakesink_datasource.key_clustering import RESULT_COLUMN
         from lakesink_datasource.messages import RoutedCommitMessage
 
         if not STREAM_ARROW:  # PySpark 4.0: Rows
@@ -493,7 +493,7 @@ class ClusteredTablesStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         import msgspec
 
-        from lakesink_datasource.key_routing import RESULT_COLUMN, ShardTables
+        from lakesink_datasource.key_clustering import RESULT_COLUMN, ShardTables
         from lakesink_datasource.messages import RoutedTablesMessage
 
         if not STREAM_ARROW:  # PySpark 4.0: Rows

@@ -163,7 +163,7 @@ def carried_plan(messages: list[WriterCommitMessage | None]) -> bytes | None:
 
 @dataclass
 class RoutedCommitMessage(WriterCommitMessage):
-    """A routed stream's sink task (`cluster_by_key`): the results of the keyed writes its
+    """A clustered stream's sink task (`cluster_by_key`): the results of the keyed writes its
     stateful operator ran, one per key shard the Spark partition held."""
 
     payloads: list[bytes]

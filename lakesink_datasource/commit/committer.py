@@ -375,7 +375,7 @@ def _write_settings(plan: WritePlan, metadata: TableMetadata | None = None) -> T
 
 def _oldest_planned(results: list[TaskResult], metadata: TableMetadata, default: int | None) -> int | None:
     """The snapshot the batch's tasks planned against; the oldest, when they planned apart
-    (a routed stream's tasks plan for themselves): what any of them could have missed is
+    (a clustered stream's tasks plan for themselves): what any of them could have missed is
     after it, so the commit validates everything committed since."""
     planned = list(dict.fromkeys(r.planned_snapshot_id for r in results))
     if not planned:

@@ -11,7 +11,7 @@ from lakesink_datasource.compaction.rewrite import RewriteInput
 from lakesink_datasource.iceberg.live_files import live_data_files, live_position_deletes
 from lakesink_datasource.iceberg.partition_key import encode_partition
 from lakesink_datasource.iceberg.properties import TableSettings
-from lakesink_datasource.index.key_route import file_route
+from lakesink_datasource.index.key_shards import file_shard
 
 
 def plan_for(
@@ -37,8 +37,8 @@ def plan_for(
         # Files of an earlier spec merge with the files of their own old partition; what
         # they are rewritten into is laid out by the current spec (rewrite_files).
         # Files of one key shard (cluster_by_key's) merge only among themselves, so what a
-        # shard's index reads stays that shard's (key_route.py).
-        shard = file_route(f.file_path)
+        # shard's index reads stays that shard's (key_shards.py).
+        shard = file_shard(f.file_path)
         key = (f.spec_id, encode_partition(specs[f.spec_id], schema, f.partition), shard.file_tag() if shard else None)
         stats.append(FileStats(
             f.file_path, key, f.file_size_in_bytes, f.record_count, dv.data_file.record_count if dv else 0,

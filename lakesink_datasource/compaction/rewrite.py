@@ -41,7 +41,7 @@ from lakesink_datasource.iceberg.row_lineage import (
     ROW_ID_FIELD_ID,
     field_ids,
 )
-from lakesink_datasource.index.key_route import file_route
+from lakesink_datasource.index.key_shards import file_shard
 from lakesink_datasource.io.partitioning import PartitionSplitter
 from lakesink_datasource.io.rolling_writer import PartitionedParquetWriter
 from lakesink_datasource.io.row_order import RowOrder
@@ -122,7 +122,7 @@ def rewrite_files(
     write_schema = Schema(*schema.fields, *lineage, schema_id=schema.schema_id, identifier_field_ids=schema.identifier_field_ids)
     prefix = f"{COMPACTED_PREFIX}{uuid.uuid4().hex[:16]}"
     inputs = list(inputs)
-    shards = {file_route(i.entry.data_file.file_path) for i in inputs}
+    shards = {file_shard(i.entry.data_file.file_path) for i in inputs}
     if len(shards) == 1 and None not in shards:
         # One key shard's files make a file of that shard (compaction.py rewrites each
         # shard's files apart): another shard's index goes on skipping it.
@@ -183,7 +183,7 @@ def rewrite_by_shard(
     """`rewrite_files` once per key shard among the inputs (untagged files together)."""
     by_shard: dict[str | None, list[RewriteInput]] = {}
     for item in chosen:
-        shard = file_route(item.entry.data_file.file_path)
+        shard = file_shard(item.entry.data_file.file_path)
         by_shard.setdefault(shard.file_tag() if shard else None, []).append(item)
     messages: list[DataFileMessage] = []
     deleters: list[Callable[[], list[str]]] = []

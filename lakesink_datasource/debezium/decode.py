@@ -61,7 +61,7 @@ from lakesink_datasource.debezium.records import (
     payloads,
 )
 from lakesink_datasource.index.key_encoding import encode_keys
-from lakesink_datasource.index.key_route import ROUTE_COLUMN
+from lakesink_datasource.index.key_shards import SHARD_COLUMN
 
 UNWRITTEN_TRUNCATES = "truncates of tables not written yet"
 
@@ -140,7 +140,7 @@ def _decode(
             single.sort()
             read_one_by_one(task, single, None, parts, connectors, skipped, table_schema)
     out.skipped = skipped
-    route = records.column(ROUTE_COLUMN).combine_chunks() if ROUTE_COLUMN in records.column_names else None
+    route = records.column(SHARD_COLUMN).combine_chunks() if SHARD_COLUMN in records.column_names else None
     for identifier in sorted(parts):
         existing = table_schema(identifier)
         table_parts = parts[identifier]
@@ -255,7 +255,7 @@ def _table(
             rows = rows.add_column(i, keys.schema.field(name), keys.column(name))
     rows = rows.append_column(OP_COLUMN, part.ops).append_column(POSITION_COLUMN, part.position)
     if route is not None and keyed:
-        rows = rows.append_column(ROUTE_COLUMN, route.take(pa.array(part.indices)))
+        rows = rows.append_column(SHARD_COLUMN, route.take(pa.array(part.indices)))
     truncated_at = None
     truncates_at: tuple[bytes, ...] = ()
     if not keyed and existing is None and not changes.all():

@@ -23,7 +23,7 @@ from lakesink_datasource.iceberg.live_files import data_entries_changed_by, live
 from lakesink_datasource.iceberg.manifests import data_file_first_row_id
 from lakesink_datasource.iceberg.row_lineage import read_with_row_ids, row_ids
 from lakesink_datasource.index.key_columns import KeyColumns
-from lakesink_datasource.index.key_route import file_route
+from lakesink_datasource.index.key_shards import file_shard
 from lakesink_datasource.index.reindex import file_ref, index_files
 from lakesink_datasource.index.row_moves import maps_from_row_ids
 from lakesink_datasource.index.sharded_index import ShardedIndex
@@ -73,7 +73,7 @@ def record_compaction_moves(
     if metadata.format_version < 3:
         return False
     added = data_entries_changed_by(io, snapshot, ManifestEntryStatus.ADDED)
-    if columns is not None and added and all(file_route(e.data_file.file_path) is not None for e in added):
+    if columns is not None and added and all(file_shard(e.data_file.file_path) is not None for e in added):
         # Every output holds one key shard's rows, read from that shard's inputs only: an
         # index of one shard needs neither the other shards' inputs nor their outputs.
         kept = [(e, ref) for e, ref in zip(removed, removed_refs) if not columns.skips_file(e.data_file.file_path)]

@@ -20,7 +20,7 @@ from pyiceberg.table.metadata import TableMetadata
 
 from lakesink_datasource.index.host_lock import host_locks
 from lakesink_datasource.index.key_columns import KeyColumns
-from lakesink_datasource.index.key_route import KeyRoute
+from lakesink_datasource.index.key_shards import KeyShard
 from lakesink_datasource.index.no_room import no_room
 from lakesink_datasource.index.owner import default_index_dir, index_owner, owner_digest, token_for
 from lakesink_datasource.index.published import fetch as fetch_published
@@ -52,7 +52,7 @@ class TaskIndex:
 
 
 def index_location(
-    index_dir: str | None, metadata: TableMetadata, route: KeyRoute | None = None, writer: str | None = None
+    index_dir: str | None, metadata: TableMetadata, route: KeyShard | None = None, writer: str | None = None
 ) -> str:
     """Where a host keeps a table's index: the whole key space, or one key shard of it (a
     directory beside the whole index's, so either can be dropped alone).

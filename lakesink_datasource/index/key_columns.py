@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from lakesink_datasource.index.key_encoding import encode_keys
-from lakesink_datasource.index.key_route import KeyRoute
+from lakesink_datasource.index.key_shards import KeyShard
 
 TOMBSTONE = 0xFFFF_FFFF  # file ordinal of a deleted key that remembers its sequence
 SEQUENCE = "__lakesink_sequence"  # the (first) sequence column's name in tombstone files
@@ -26,7 +26,7 @@ class KeyColumns:
 
     key: tuple[str, ...]
     sequence: tuple[str, ...] = ()  # the sequence columns, compared in order (): none, or not stored in the table
-    route: KeyRoute | None = None  # the one key shard an index holds (None: every key)
+    route: KeyShard | None = None  # the one key shard an index holds (None: every key)
     # A history table's end column: only rows where it is null (each key's current version)
     # are the key's; the others are versions that ended.
     current: str | None = None

@@ -14,7 +14,7 @@ import os
 import socket
 
 from lakesink_datasource.iceberg.summary_keys import task_attempt
-from lakesink_datasource.index.key_route import SHARD_NAME_PREFIXES
+from lakesink_datasource.index.key_shards import SHARD_NAME_PREFIXES
 
 
 def index_owner(path: str) -> str:

@@ -11,7 +11,7 @@ columns. Instead it takes a published copy and walks from there:
   every shard's lock, so the copy is exactly that snapshot) in a background thread and
   uploads them through the table's FileIO to
   `<table location>/_lakesink_index/<sequence>-<snapshot id>-<host>/`, `manifest.json` last;
-  an index of one key shard (`key_route.py`) under `_lakesink_index/<key shard>/` instead,
+  an index of one key shard (`key_shards.py`) under `_lakesink_index/<key shard>/` instead,
   so a host that gets a shard it does not hold fetches that shard alone.
 - A cold host lists the copies, takes the newest one whose snapshot is in the planned
   snapshot's history, checks every file's size and SHA-256 against the manifest (and the
@@ -42,7 +42,7 @@ from lakesink_datasource.iceberg.history import ancestors
 from lakesink_datasource.iceberg.listing import list_files
 from lakesink_datasource.index.environment import IndexState
 from lakesink_datasource.index.key_columns import KeyColumns
-from lakesink_datasource.index.key_route import SHARD_NAME_PREFIXES, KeyRoute
+from lakesink_datasource.index.key_shards import SHARD_NAME_PREFIXES, KeyShard
 from lakesink_datasource.index.owner import owner_digest
 from lakesink_datasource.index.sharded_index import IndexSnapshot, ShardedIndex
 
@@ -91,13 +91,13 @@ _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(CopyManifest)
 
 
-def copies_root(metadata: TableMetadata, route: KeyRoute | None = None) -> str:
+def copies_root(metadata: TableMetadata, route: KeyShard | None = None) -> str:
     root = f"{metadata.location.rstrip('/')}/{PUBLISHED_DIR}"
     return root if route is None else f"{root}/{route.name()}"
 
 
 def _is_shard_folder(name: str) -> bool:
-    return name.startswith(SHARD_NAME_PREFIXES)  # KeyRoute.name(): the folders of key shards' copies
+    return name.startswith(SHARD_NAME_PREFIXES)  # KeyShard.name(): the folders of key shards' copies
 
 
 def _copy_name(state: IndexState, publisher: str) -> str:

@@ -3,7 +3,7 @@
 Used in three places: `land_carried` lands the groups a write's tasks rewrote
 (`maintenance=auto`, compaction/carried.py) right before the batch's own snapshot; `compact`
 plans, rewrites and lands in this process, after a batch's commit where the tasks carried
-nothing (routed streams, `maintenance=background`, overwrites, evolving writes; with a byte
+nothing (clustered streams, `maintenance=background`, overwrites, evolving writes; with a byte
 budget, so a batch's latency stays flat) and for `python -m lakesink_datasource.maintain
 compact` (with a large one). docs/maintenance.md says why this design.
 

@@ -15,7 +15,7 @@ import msgspec
 from pyspark.sql.types import BinaryType, IntegerType, LongType, MapType, StringType, StructType
 
 from lakesink_datasource.debezium.options import DebeziumOptions
-from lakesink_datasource.index.key_route import ROUTE_BY_TEXT, ROUTE_COLUMN
+from lakesink_datasource.index.key_shards import SHARD_BY_TEXT, SHARD_COLUMN
 from lakesink_datasource.options import OptionError
 from lakesink_datasource.routing.route_options import RoutingOptions, parse_routing
 
@@ -39,8 +39,8 @@ def plan_routed_write(raw: Mapping[str, str], schema: StructType, overwrite: boo
         raise OptionError(f"option '{what}' routes rows into tables by appending or by key; an overwrite of many tables is not supported")
     if options.debezium is not None:
         return RoutedWrite(options=msgspec.structs.replace(options, debezium=_kafka_columns(options.debezium, schema)), write_id=uuid.uuid4().hex)
-    route = next((f for f in schema.fields if f.name == ROUTE_COLUMN), None)
-    if route is not None and not route.metadata.get(ROUTE_BY_TEXT):
+    route = next((f for f in schema.fields if f.name == SHARD_COLUMN), None)
+    if route is not None and not route.metadata.get(SHARD_BY_TEXT):
         raise OptionError(
             "the DataFrame was routed by cluster_by_key to one table's key shards: write it without 'table_column', or "
             "route it with cluster_by_key(df, table_column=..., ...) to write many tables"

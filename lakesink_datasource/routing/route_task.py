@@ -30,7 +30,7 @@ from lakesink_datasource.debezium.options import DEFAULT_PLACEHOLDER
 from lakesink_datasource.debezium.positions import POSITION_COLUMN, check_stored
 from lakesink_datasource.debezium.records import OP_COLUMN
 from lakesink_datasource.index import environment
-from lakesink_datasource.index.key_route import NO_ROUTE, ROUTE_COLUMN, misrouted_message, text_misrouted
+from lakesink_datasource.index.key_shards import NO_SHARD, SHARD_COLUMN, misclustered_message, text_misclustered
 from lakesink_datasource.messages import LakeSinkCommitMessage, RoutedTablesMessage
 from lakesink_datasource.options import KEYED_OPERATIONS, WriteOptions
 from lakesink_datasource.routing.route_plan import RoutedWrite
@@ -103,7 +103,7 @@ def _routed_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> Inc
                 gathered.setdefault(identifier, []).append(rows)
     # Rows cluster_by_key routed by key shard carry their route: each keyed table's task
     # then holds that one shard of the table's keys (write.task reads the route).
-    clustered = any(ROUTE_COLUMN in rows.column_names for tables in gathered.values() for rows in tables)
+    clustered = any(SHARD_COLUMN in rows.column_names for tables in gathered.values() for rows in tables)
     incoming: Incoming = {}
     for identifier in sorted(gathered):
         options = write.options.table_options(identifier)
@@ -184,8 +184,8 @@ def _debezium_tables(write: RoutedWrite, batches: Iterator[pa.RecordBatch]) -> t
         # A change log appends its events: what only keyed tables take is left out.
         without = () if keyed else ("history", "track_history_columns", "track_history_except_columns", "unavailable_value")
         options = write.options.table_options(part.identifier, derived, without)
-        rows = part.rows if keyed or ROUTE_COLUMN not in part.rows.column_names else part.rows.drop_columns([ROUTE_COLUMN])
-        clustered = ROUTE_COLUMN in rows.column_names
+        rows = part.rows if keyed or SHARD_COLUMN not in part.rows.column_names else part.rows.drop_columns([SHARD_COLUMN])
+        clustered = SHARD_COLUMN in rows.column_names
         try:
             checked = check_routed_table(options, _table_columns(rows), table, create=write.options.create_tables, clustered=clustered)
         except SchemaError as exc:
@@ -248,8 +248,8 @@ def _check_clustered_keys(identifier: str, rows: pa.Table, key: tuple[str, ...],
     ordered = sorted(key, key=str.lower)
     if any(k.lower() not in names for k in ordered):
         return  # a missing key column: the table's check names it
-    routes = rows.column(ROUTE_COLUMN)
-    if pc.any(pc.equal(routes, NO_ROUTE)).as_py():
+    routes = rows.column(SHARD_COLUMN)
+    if pc.any(pc.equal(routes, NO_SHARD)).as_py():
         raise RoutedInputError(
             f"table {identifier}: rows routed by cluster_by_key carry no key: give every row its key in option 'key_column', "
             f"or the table's key in 'primary_key' (or 'tables.{identifier}.primary_key'). Nothing was written"
@@ -269,12 +269,12 @@ def _check_clustered_keys(identifier: str, rows: pa.Table, key: tuple[str, ...],
             columns.append(column.cast(target))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return  # a value the table's type cannot hold: the table's own check names it
-    wrong = text_misrouted(routes, columns)
+    wrong = text_misclustered(routes, columns)
     if wrong.any():
         row = int(np.flatnonzero(wrong)[0])
         example = {k: rows.column(names[k.lower()])[row].as_py() for k in ordered}
         types = ", ".join(f"{k} {rows.schema.field(names[k.lower()]).type}" for k in ordered)
-        raise RoutedInputError(misrouted_message(identifier, int(wrong.sum()), example, types))
+        raise RoutedInputError(misclustered_message(identifier, int(wrong.sum()), example, types))
 
 
 def _table_columns(rows: pa.Table) -> StructType:
@@ -282,7 +282,7 @@ def _table_columns(rows: pa.Table) -> StructType:
     stored."""
     # A timestamp without a zone stays one (PySpark 4.0 defaults to an instant, 4.1+ does not).
     schema = from_arrow_schema(rows.schema, prefer_timestamp_ntz=True)
-    return StructType([f for f in schema.fields if f.name != ROUTE_COLUMN])
+    return StructType([f for f in schema.fields if f.name != SHARD_COLUMN])
 
 
 # Key indexes of this many tables stay open in a process writing many tables (the least

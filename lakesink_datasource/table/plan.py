@@ -38,8 +38,8 @@ class KeyedPlan(msgspec.Struct, frozen=True, kw_only=True):
     sequence_sources: tuple[str, ...]  # compared in order; (): no sequence
     table_key_columns: tuple[str, ...]
     table_sequence_columns: tuple[str, ...]  # (): the sequence is not stored in the table (all of its columns)
-    # The rows carry cluster_by_key's route column: each task holds one key shard and opens
-    # its host's index of that shard only (index/key_route.py).
+    # The rows carry cluster_by_key's shard column: each task holds one key shard and opens
+    # its host's index of that shard only (index/key_shards.py).
     clustered: bool = False
     history: HistoryPlan | None = None  # history=true: every version of each key is kept
 

@@ -33,7 +33,7 @@ from lakesink_datasource.iceberg.properties import CREATE_DEFAULTS, FORMAT_VERSI
 from lakesink_datasource.iceberg.retry import RetryClock, RetryPolicy
 from lakesink_datasource.iceberg.row_filter import FilterError, parse_filter
 from lakesink_datasource.iceberg.summary_keys import tasks_of
-from lakesink_datasource.index.key_route import ROUTE_BY_TEXT, ROUTE_COLUMN, ROUTE_KEY
+from lakesink_datasource.index.key_shards import SHARD_BY_TEXT, SHARD_COLUMN, SHARD_KEY_COLUMNS
 from lakesink_datasource.options import KEYED_OPERATIONS, OptionError, WriteOptions
 from lakesink_datasource.schema.evolution import Evolution, describe_differences, merge_schema
 from lakesink_datasource.schema.spark_types import SchemaError, check_dataframe_columns, column_mapping, spark_to_iceberg_schema
@@ -71,18 +71,18 @@ def _stored_columns(options: WriteOptions, spark_schema: StructType) -> StructTy
 
 
 def without_route(spark_schema: StructType) -> tuple[StructType, tuple[str, ...] | None]:
-    """The DataFrame's columns without cluster_by_key's route column (it routes rows to key
-    shards; it is never stored), and the key columns the route hashed (None: not routed)."""
-    route = next((f for f in spark_schema.fields if f.name == ROUTE_COLUMN), None)
+    """The DataFrame's columns without cluster_by_key's shard column (it clusters rows by key
+    shards; it is never stored), and the key columns the shard column hashed (None: not clustered)."""
+    route = next((f for f in spark_schema.fields if f.name == SHARD_COLUMN), None)
     if route is None:
         return spark_schema, None
-    if route.metadata.get(ROUTE_BY_TEXT):
+    if route.metadata.get(SHARD_BY_TEXT):
         raise OptionError(
             "the DataFrame was routed by cluster_by_key to many tables (table_column): write it with the same options, "
             "'table_column' among them"
         )
-    fields = [f for f in spark_schema.fields if f.name != ROUTE_COLUMN]
-    return StructType(fields), tuple(route.metadata.get(ROUTE_KEY) or ())
+    fields = [f for f in spark_schema.fields if f.name != SHARD_COLUMN]
+    return StructType(fields), tuple(route.metadata.get(SHARD_KEY_COLUMNS) or ())
 
 
 def _with_route(options: WriteOptions, route_key: tuple[str, ...] | None) -> WriteOptions:
@@ -92,7 +92,7 @@ def _with_route(options: WriteOptions, route_key: tuple[str, ...] | None) -> Wri
     if options.operation not in KEYED_OPERATIONS:
         raise OptionError(
             f"the DataFrame was routed by cluster_by_key, which is for keyed writes (operation upsert, cdc or dedupe), "
-            f"not operation {options.operation!r}: for appends use cluster_by_partition, or write the DataFrame unrouted"
+            f"not operation {options.operation!r}: for appends use cluster_by_partition, or write the DataFrame unclustered"
         )
     if options.primary_key is None and route_key:
         return msgspec.structs.replace(options, primary_key=route_key)
@@ -643,7 +643,7 @@ def check_routed_table(
     """Everything `plan_routed_table` refuses, without its side effects (no table created, no
     column added): a routed task checks all of its tables before it changes any. `table`:
     the table as `find_table` found it (None: it does not exist). `clustered`: the rows were
-    routed by key shard too (cluster_by_key), their route column left out of `spark_schema`."""
+    routed by key shard too (cluster_by_key), their shard column left out of `spark_schema`."""
     _check_input(options, spark_schema, overwrite=False)
     if table is None:
         if not create:
@@ -679,7 +679,7 @@ def plan_routed_table(
     if table is None:
         config = loader.catalog_config(options)
         catalog = catalog_call(clock, lambda: loader.load(config), what="opening the catalog", catalog=loader.describe(config))
-        # No checkpoint check (resolve_table's): a routed stream meets new tables as it runs.
+        # No checkpoint check (resolve_table's): a clustered stream meets new tables as it runs.
         table = create_table(catalog, options, spark_schema, config, clock)
     keyed = _plan_keys(options, spark_schema, table, clustered=clustered)
     evolution = _evolution(options, spark_schema, table, keyed)

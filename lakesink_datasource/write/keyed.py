@@ -42,7 +42,14 @@ from lakesink_datasource.index.file_refs import FileRef, decode_ref, encode_ref
 from lakesink_datasource.index.for_write import TaskIndex, index_location, open_for_task
 from lakesink_datasource.index.key_columns import TOMBSTONE, KeyColumns, sequence_names
 from lakesink_datasource.index.key_encoding import NullKeyError, encode_keys, key_hashes
-from lakesink_datasource.index.key_route import NO_ROUTE, ROUTE_COLUMN, KeyRoute, decode_route, key_fingerprint, misrouted_message
+from lakesink_datasource.index.key_shards import (
+    NO_SHARD,
+    SHARD_COLUMN,
+    KeyShard,
+    decode_shard,
+    key_fingerprint,
+    misclustered_message,
+)
 from lakesink_datasource.index.location_codec import Found, pack_locations, pack_positions
 from lakesink_datasource.index.reindex import TombstonesUnreadable
 from lakesink_datasource.io.partitioning import PartitionSplitter
@@ -80,7 +87,7 @@ def tombstone_reader(plan: WritePlan) -> Callable[[], pa.Table | None]:
 
 
 def open_task_index(
-    plan: WritePlan, metadata: TableMetadata, io: FileIO, *, partition_id: int, attempt: int, route: KeyRoute | None = None,
+    plan: WritePlan, metadata: TableMetadata, io: FileIO, *, partition_id: int, attempt: int, route: KeyShard | None = None,
     query_id: str | None = None,
 ) -> TaskIndex:
     """The host's key index at the table's current snapshot, for this task attempt: of the
@@ -97,17 +104,17 @@ def open_task_index(
     )
 
 
-def chunk_route(batch: pa.RecordBatch, key_columns: tuple[str, ...], held: KeyRoute | None) -> KeyRoute:
+def chunk_route(batch: pa.RecordBatch, key_columns: tuple[str, ...], held: KeyShard | None) -> KeyShard:
     """The one key shard a routed chunk's rows belong to; refused when the rows span several
     (fewer Spark partitions than key shards) or were routed by other columns than the key."""
-    values = pc.unique(batch.column(ROUTE_COLUMN)).to_pylist()
-    if NO_ROUTE in values:  # only a text route has rows without a key (cluster_by_key's coalesce)
+    values = pc.unique(batch.column(SHARD_COLUMN)).to_pylist()
+    if NO_SHARD in values:  # only a text route has rows without a key (cluster_by_key's coalesce)
         raise KeyedInputError(
             f"rows routed by cluster_by_key to many tables carry no key (table key columns {', '.join(key_columns)}): "
             "give every row its key in option 'key_column', or the table's key in 'primary_key' "
             "(or 'tables.<namespace>.<table>.primary_key'). Nothing was written"
         )
-    routes = sorted({decode_route(v)[0] for v in values if v is not None}, key=lambda r: r.shard)
+    routes = sorted({decode_shard(v)[0] for v in values if v is not None}, key=lambda r: r.shard)
     if held is not None and held not in routes:
         routes.insert(0, held)
     if len(routes) != 1 or None in values:
@@ -118,7 +125,7 @@ def chunk_route(batch: pa.RecordBatch, key_columns: tuple[str, ...], held: KeyRo
             "shuffle partitions than cluster_by_key's shards (a restarted query keeps the spark.sql.shuffle.partitions of "
             "its checkpoint): call cluster_by_key with shards=<that number of partitions>. Nothing was written"
         )
-    fingerprints = {decode_route(v)[1] for v in values if v is not None}
+    fingerprints = {decode_shard(v)[1] for v in values if v is not None}
     if not routes[0].by_text and fingerprints != {key_fingerprint(key_columns)}:
         raise KeyedInputError(
             f"the rows were routed by cluster_by_key on other columns than the write's primary key "
@@ -136,7 +143,7 @@ class KeyedWriter:
         writer: PartitionedParquetWriter,
         splitter: PartitionSplitter,
         aligner: BatchAligner,
-        route: KeyRoute | None = None,
+        route: KeyShard | None = None,
         io: FileIO | None = None,
     ):
         """`io`: the table's FileIO (a history table reads its versions' rows)."""
@@ -480,7 +487,7 @@ class KeyedWriter:
         placed, packed = self._place(rows.take(pa.array(chosen)), np.arange(len(chosen), dtype=np.int64), sequences, ordinal_of)  # type: ignore[arg-type]
         return key_of[placed], packed
 
-    def _check_text_route(self, route: KeyRoute, resolution: pa.Table) -> None:
+    def _check_text_route(self, route: KeyShard, resolution: pa.Table) -> None:
         """Refuse rows whose key, in the table's types, belongs to another shard than the one
         Spark routed them to by its text: the shard's index would never see that key again
         (a later change of it, spelled as the table spells it, goes elsewhere)."""
@@ -491,7 +498,7 @@ class KeyedWriter:
         row = int(np.flatnonzero(~keep)[0])
         example = {n: resolution.column(n)[row].as_py() for n in names}
         types = ", ".join(f"{n} {resolution.schema.field(n).type}" for n in names)
-        raise KeyedInputError(misrouted_message(self._plan.options.table, int((~keep).sum()), example, types))
+        raise KeyedInputError(misclustered_message(self._plan.options.table, int((~keep).sum()), example, types))
 
     def _decide(self, changes: Changes, found: Found) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Decide every change against the index at once: returns the write mask, the

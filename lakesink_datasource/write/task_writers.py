@@ -42,7 +42,7 @@ from lakesink_datasource.table.plan import WritePlan, write_schema, write_spec
 
 if TYPE_CHECKING:
     from lakesink_datasource.index.for_write import TaskIndex
-    from lakesink_datasource.index.key_route import KeyRoute
+    from lakesink_datasource.index.key_shards import KeyShard
     from lakesink_datasource.write.keyed import KeyedWriter
     from lakesink_datasource.write.task import TaskIdentity
 
@@ -84,8 +84,8 @@ class TaskWriter(Protocol):
 
 class _FileNamer:
     """Data file names, unique per task attempt: a retried or replayed task never overwrites
-    a file that a committed snapshot may reference. A routed task's files carry its key
-    shard (`KeyRoute.file_tag`), set before its first row is written."""
+    a file that a committed snapshot may reference. A clustered task's files carry its key
+    shard (`KeyShard.file_tag`), set before its first row is written."""
 
     def __init__(self, locations: DataLocations, spec: PartitionSpec, schema: Schema, who: TaskIdentity) -> None:
         self._locations, self._spec, self._schema = locations, spec, schema
@@ -218,7 +218,7 @@ class KeyedTaskWriter(_RollingFiles):
         self._plan, self._keyed_plan, self._metadata, self._who = plan, plan.keyed, metadata, who
         self._index: TaskIndex | None = None
         self._writer: KeyedWriter | None = None
-        self._route: KeyRoute | None = None
+        self._route: KeyShard | None = None
         # A history table's key may change several times in a task: its versions must all be
         # decided at once (a version written by an earlier chunk is not in a file yet).
         self.chunk_rows = 1 << 62 if plan.keyed.history is not None else CHUNK_ROWS
@@ -240,7 +240,7 @@ class KeyedTaskWriter(_RollingFiles):
         self._open(chunk_route(gathered[0], self._keyed_plan.table_key_columns, None))
         return self._with_unchanged_values(iter(gathered))
 
-    def _open(self, route: KeyRoute | None) -> None:
+    def _open(self, route: KeyShard | None) -> None:
         from lakesink_datasource.write.keyed import KeyedWriter, open_task_index
 
         if route is not None:
@@ -268,7 +268,7 @@ class KeyedTaskWriter(_RollingFiles):
         if self._keyed_plan.clustered:
             from lakesink_datasource.write.keyed import chunk_route
 
-            # A routed task holds one key shard: its host's index of that shard alone.
+            # A clustered task holds one key shard: its host's index of that shard alone.
             shard = chunk_route(chunk, self._keyed_plan.table_key_columns, self._route)
             if self._writer is None:
                 self._open(shard)
@@ -296,7 +296,7 @@ class KeyedTaskWriter(_RollingFiles):
     def report(self) -> dict[str, Any]:
         writer, index = self._writer, self._index
         if writer is None or index is None:
-            return {}  # a routed task that got no rows opened no index
+            return {}  # a clustered task that got no rows opened no index
         from lakesink_datasource.index.key_columns import TOMBSTONE_DIR
         from lakesink_datasource.index.owner import owner_digest
 

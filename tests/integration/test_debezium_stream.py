@@ -161,7 +161,7 @@ def test_a_debezium_stream_and_a_batch_write_in_the_shared_session(spark, tmp_pa
 
 def test_a_debezium_stream_clustered_by_key_keeps_each_shard_on_its_task(spark, tmp_path: Path, warehouse: str) -> None:  # type: ignore[no-untyped-def]
     from lakesink_datasource import cluster_by_key
-    from lakesink_datasource.index.key_route import file_route
+    from lakesink_datasource.index.key_shards import file_shard
 
     model = make_stream(tmp_path / "source", seed=11)
     options = {"warehouse": warehouse, "cdc_format": "debezium", "namespace": "replica", "maintenance": "off"}
@@ -172,5 +172,5 @@ def test_a_debezium_stream_clustered_by_key_keeps_each_shard_on_its_task(spark, 
     assert_replicas(warehouse, model)
     for t in (CUSTOMERS, ORDERS, PRODUCTS, SALES):
         for task in load(warehouse, _name(t)).scan().plan_files():
-            route = file_route(task.file.file_path)
+            route = file_shard(task.file.file_path)
             assert route is not None and route.by_text and route.shards == 2, task.file.file_path

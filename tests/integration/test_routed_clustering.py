@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from lakesink_testing import assert_readers_see, duckdb_rows, expected_rows, load, table_exists
 
-from lakesink_datasource.index.key_route import file_route, shard_of_key_texts
+from lakesink_datasource.index.key_shards import file_shard, shard_of_key_texts
 from lakesink_datasource.routing.route_options import parse_routing
 
 pytestmark = pytest.mark.spark
@@ -28,7 +28,7 @@ def test_sparks_hash_of_a_key_text_ignores_spelling_and_equals_the_replay_from_t
     one hash in Spark, the hash lakesink computes from the key's values in the table's types."""
     from pyspark.sql import functions as F
 
-    from lakesink_datasource.key_routing import key_text_column
+    from lakesink_datasource.key_clustering import key_text_column
 
     keys = [
         (7, "b", True, dt.date(2024, 2, 29)),
@@ -76,7 +76,7 @@ def _files_hold_one_shard_each(warehouse: str, identifier: str, shards: int) -> 
     files = [task.file.file_path for task in table.scan().plan_files()]
     assert files
     for path in files:
-        route = file_route(path)
+        route = file_shard(path)
         assert route is not None and route.by_text and route.shards == shards, path
         ids = pq.read_table(path.removeprefix("file://"), columns=["id"]).column("id")
         assert set(shard_of_key_texts([ids], shards).tolist()) == {route.shard}, path

@@ -25,7 +25,7 @@ import pytest
 from lakesink_testing import duckdb_rows, expected_rows, load, pyiceberg_rows
 
 from lakesink_datasource.iceberg.summary_keys import EPOCH_ID
-from lakesink_datasource.index.key_route import file_route, shard_of_key_texts
+from lakesink_datasource.index.key_shards import file_shard, shard_of_key_texts
 
 CHILD = str(Path(__file__).with_name("routed_child.py"))
 TABLES = [f"t{i:02d}" for i in range(20)]
@@ -132,7 +132,7 @@ def test_a_cdc_stream_of_20_tables_clustered_by_key_survives_sigkills(tmp_path: 
     for table in TABLES:
         current = load(warehouse, f"cdc.{table}")
         for task in current.scan().plan_files():
-            route = file_route(task.file.file_path)
+            route = file_shard(task.file.file_path)
             assert route is not None and route.by_text and route.shards == 2, task.file.file_path
             ids = pq.read_table(task.file.file_path.removeprefix("file://"), columns=["id"]).column("id")
             assert set(shard_of_key_texts([ids], 2).tolist()) == {route.shard}

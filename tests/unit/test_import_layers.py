@@ -26,9 +26,9 @@ LAYERS: list[set[str]] = [
     {"write", "commit", "read"},  # the task side, the commit side, the read side
     {"maintenance", "routing"},  # after a commit; one write routed to many tables (each written and committed as one)
     {"progress"},  # what the driver prints per batch
-    {"key_routing"},  # cluster_by_key: routes keyed writes by key shard (the sink commits what it wrote)
+    {"key_clustering"},  # cluster_by_key: clusters keyed writes by key shard (the sink commits what it wrote)
     {"spark_rows", "foreach_batch"},  # PySpark 4.0's stream sinks: Rows into Arrow; foreachBatch exactly once
-    {"check", "duckdb_reader", "maintain", "locate", "publish", "clustering", "datasource", "worker_daemon"},  # tools and the Spark face
+    {"check", "duckdb_reader", "maintain", "locate", "publish", "clustering", "datasource", "worker_daemon", "preload"},  # tools and the Spark face
     {"cli"},  # the `lakesink` command: the tools under one name
     {"__init__"},  # the package's public names
 ]

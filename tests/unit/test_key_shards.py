@@ -26,18 +26,18 @@ from pyspark.sql import types as T
 from lakesink_datasource.index import published
 from lakesink_datasource.index.for_write import index_location
 from lakesink_datasource.index.key_columns import KeyColumns
-from lakesink_datasource.index.key_route import (
-    NO_ROUTE,
-    ROUTE_COLUMN,
+from lakesink_datasource.index.key_shards import (
+    NO_SHARD,
+    SHARD_COLUMN,
     SHARD_NAME_PREFIXES,
-    KeyRoute,
-    decode_route,
-    file_route,
+    KeyShard,
+    decode_shard,
+    file_shard,
     key_fingerprint,
-    route_values,
     shard_of_key_texts,
     shard_of_keys,
-    text_misrouted,
+    shard_values,
+    text_misclustered,
 )
 from lakesink_datasource.index.sharded_index import open_sharded
 from lakesink_datasource.index.spark_hash import xxhash64
@@ -57,11 +57,11 @@ ROUTED_QUERY = "routed-query"  # the streaming query the routed batches run as (
 
 @pytest.mark.parametrize("shards, partitions", [(1, 1), (2, 2), (3, 8), (16, 16), (200, 200)])
 def test_route_values_name_their_shard_and_key(shards: int, partitions: int) -> None:
-    values = route_values(shards, partitions, ["Tenant", "id"])
+    values = shard_values(shards, partitions, ["Tenant", "id"])
     assert len(set(values)) == shards
     for shard, value in enumerate(values):
-        route, fingerprint = decode_route(value)
-        assert route == KeyRoute(shard, shards)
+        route, fingerprint = decode_shard(value)
+        assert route == KeyShard(shard, shards)
         assert fingerprint == key_fingerprint(["tenant", "ID"]) != key_fingerprint(["id", "tenant"])
         assert 0 < value < 1 << 63
 
@@ -70,17 +70,17 @@ def test_route_values_name_their_shard_and_key(shards: int, partitions: int) -> 
 def test_a_text_routes_values_say_so_and_its_shards_are_apart_from_a_typed_routes(shards: int, partitions: int) -> None:
     """A write routed to many tables: its route values decode to text shards, whose index
     directories and file tags differ from a typed route's, so neither reads the other's."""
-    for shard, value in enumerate(route_values(shards, partitions, None)):
-        route, fingerprint = decode_route(value)
-        assert route == KeyRoute(shard, shards, by_text=True) != KeyRoute(shard, shards)
+    for shard, value in enumerate(shard_values(shards, partitions, None)):
+        route, fingerprint = decode_shard(value)
+        assert route == KeyShard(shard, shards, by_text=True) != KeyShard(shard, shards)
         assert fingerprint == 0 and 0 < value < 1 << 63
-        typed = KeyRoute(shard, shards)
+        typed = KeyShard(shard, shards)
         assert route.name() != typed.name() and route.file_tag() != typed.file_tag()
         path = f"s3://b/t/data/00000-0-abc-{route.file_tag()}-00000.parquet"
-        assert file_route(path) == route
-        other = KeyRoute((shard + 1) % shards, shards)
+        assert file_shard(path) == route
+        other = KeyShard((shard + 1) % shards, shards)
         assert not typed.skips(path) and not other.skips(path)  # another kind's file: read, then filtered by key
-        assert KeyRoute((shard + 1) % shards, shards, by_text=True).skips(path) == (shards > 1)
+        assert KeyShard((shard + 1) % shards, shards, by_text=True).skips(path) == (shards > 1)
 
 
 def test_a_text_shards_index_and_published_copies_are_named_as_a_shards() -> None:
@@ -88,7 +88,7 @@ def test_a_text_shards_index_and_published_copies_are_named_as_a_shards() -> Non
     of the whole index, which pruning and orphan removal count), and its owner names it."""
     from lakesink_datasource.index.owner import index_owner
 
-    for route in (KeyRoute(3, 8), KeyRoute(3, 8, by_text=True)):
+    for route in (KeyShard(3, 8), KeyShard(3, 8, by_text=True)):
         assert route.name().startswith(SHARD_NAME_PREFIXES)
         owner = index_owner(f"/idx/0a1b.query-abc.{route.name()}")
         assert owner.endswith(f"#{route.name().removeprefix('key-')}")
@@ -99,15 +99,15 @@ def test_a_text_shard_keeps_the_keys_whose_texts_hash_to_it_whatever_the_key_ord
     table = pa.table({"b_id": pa.array(range(1000), pa.int32()), "A": [f"k{i}" for i in range(1000)]})
     seen = np.zeros(1000, dtype=int)
     for shard in range(3):
-        kept, mask = KeyColumns(("b_id", "A"), (), KeyRoute(shard, 3, by_text=True)).own_rows(table)
+        kept, mask = KeyColumns(("b_id", "A"), (), KeyShard(shard, 3, by_text=True)).own_rows(table)
         assert mask is not None
         seen += mask
         # Hashed by name order (A before b_id) over the texts of the values, as Spark hashes the key's JSON fields.
         texts = [kept["A"], pa.array([str(i) for i in kept["b_id"].to_pylist()])]
         assert (np.mod(xxhash64(texts), 3) == shard).all()
     assert (seen == 1).all()
-    routes = pa.array(route_values(3, 3, None), pa.int64())
-    wrong = text_misrouted(pa.array([routes[0].as_py(), routes[1].as_py(), NO_ROUTE]), [pa.array(["k1", "k1", "k1"])])
+    routes = pa.array(shard_values(3, 3, None), pa.int64())
+    wrong = text_misclustered(pa.array([routes[0].as_py(), routes[1].as_py(), NO_SHARD]), [pa.array(["k1", "k1", "k1"])])
     right = int(shard_of_key_texts([pa.array(["k1"])], 3)[0])
     assert wrong.tolist() == [right != 0, right != 1, True]
 
@@ -118,7 +118,7 @@ def test_a_key_belongs_to_exactly_one_shard() -> None:
     table = pa.table({"id": ids, "name": names})
     seen = np.zeros(len(ids), dtype=int)
     for shard in range(4):
-        columns = KeyColumns(("id", "name"), (), KeyRoute(shard, 4))
+        columns = KeyColumns(("id", "name"), (), KeyShard(shard, 4))
         kept, mask = columns.own_rows(table)
         assert mask is not None and kept.num_rows == int(mask.sum())
         seen += mask
@@ -134,7 +134,7 @@ def test_a_key_belongs_to_exactly_one_shard() -> None:
 
 
 def routed_schema(config: Config) -> T.StructType:
-    return T.StructType([*spark_schema(config).fields, T.StructField(ROUTE_COLUMN, T.LongType(), False)])
+    return T.StructType([*spark_schema(config).fields, T.StructField(SHARD_COLUMN, T.LongType(), False)])
 
 
 def route_batch(batch: list[list[list[dict]]], shards: int) -> dict[int, list[list[dict]]]:
@@ -163,12 +163,12 @@ def write_routed(harness: Harness, batch: list[list[list[dict]]], batch_id: int,
     """Plan a batch routed by key shard and run its tasks, shard r's on host hosts[r]."""
     plan = plan_write(harness.options, routed_schema(harness.config), overwrite=False)
     assert plan.keyed is not None and plan.keyed.clustered
-    values = route_values(SHARDS, SHARDS, ["id"])
+    values = shard_values(SHARDS, SHARDS, ["id"])
     messages = []
     for partition, (shard, task) in enumerate(sorted(route_batch(batch, SHARDS).items())):
         batches = [
             pa.RecordBatch.from_pylist(rows, schema=arrow_schema(harness.config)).append_column(
-                ROUTE_COLUMN, pa.array([values[shard]] * len(rows), type=pa.int64())
+                SHARD_COLUMN, pa.array([values[shard]] * len(rows), type=pa.int64())
             )
             for rows in task
         ]
@@ -181,7 +181,7 @@ def write_routed(harness: Harness, batch: list[list[list[dict]]], batch_id: int,
 
 
 def shard_index_path(harness: Harness, host: int, shard: int) -> str:
-    return index_location(harness.host_dir(host), harness.table().metadata, KeyRoute(shard, SHARDS), writer=ROUTED_QUERY)
+    return index_location(harness.host_dir(host), harness.table().metadata, KeyShard(shard, SHARDS), writer=ROUTED_QUERY)
 
 
 def assert_shards_hold_only_their_keys(harness: Harness, keys: range) -> None:
@@ -258,10 +258,10 @@ def test_a_task_given_rows_of_two_shards_refuses_before_writing() -> None:
     config = Config("upsert")
     with Harness(config) as harness:
         plan = plan_write(harness.options, routed_schema(config), overwrite=False)
-        values = route_values(2, 1, ["id"])  # two shards, one partition: both land in it
+        values = shard_values(2, 1, ["id"])  # two shards, one partition: both land in it
         batch = pa.RecordBatch.from_pylist(
             [{"id": 1, "v": "a", "ts": None}, {"id": 2, "v": "b", "ts": None}], schema=arrow_schema(config)
-        ).append_column(ROUTE_COLUMN, pa.array(values, type=pa.int64()))
+        ).append_column(SHARD_COLUMN, pa.array(values, type=pa.int64()))
         with pytest.raises(KeyedInputError, match=r"rows of key shards 0, 1 of 2: a task must hold one key shard.*shards=") as info:
             write_task(plan, iter([batch]), who=TaskIdentity(batch_id=0, query_id="q"))
         assert "Nothing was written" in str(info.value)
@@ -272,9 +272,9 @@ def test_rows_routed_by_other_columns_than_the_key_are_refused() -> None:
     config = Config("upsert")
     with Harness(config) as harness:
         plan = plan_write(harness.options, routed_schema(config), overwrite=False)
-        value = route_values(1, 1, ["v"])[0]  # routed by v, the key is id
+        value = shard_values(1, 1, ["v"])[0]  # routed by v, the key is id
         batch = pa.RecordBatch.from_pylist([{"id": 1, "v": "a", "ts": None}], schema=arrow_schema(config)).append_column(
-            ROUTE_COLUMN, pa.array([value], type=pa.int64())
+            SHARD_COLUMN, pa.array([value], type=pa.int64())
         )
         with pytest.raises(KeyedInputError, match=r"routed by cluster_by_key on other columns than the write's primary key \(id\)"):
             write_task(plan, iter([batch]), who=TaskIdentity(batch_id=0, query_id="q"))
@@ -292,7 +292,7 @@ def publish_often(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _copies_by_shard(harness: Harness) -> dict[int, list[str]]:
     table = harness.table()
-    return {s: published.complete_copies(table.io, published.copies_root(table.metadata, KeyRoute(s, SHARDS))) for s in range(SHARDS)}
+    return {s: published.complete_copies(table.io, published.copies_root(table.metadata, KeyShard(s, SHARDS))) for s in range(SHARDS)}
 
 
 @pytest.mark.parametrize("damaged", [False, True], ids=["copy", "damaged-copy"])
@@ -320,11 +320,11 @@ def test_a_shard_that_moves_starts_from_its_own_published_copy(publish_often: No
         # The whole index's folder holds none of them: a host of the whole index never takes a shard's copy.
         assert published.complete_copies(table.io, top) == []
         kept = published.kept_files(table.io, table.metadata)
-        assert {p.split("/_lakesink_index/")[1].split("/")[0] for p in kept} == {KeyRoute(s, SHARDS).name() for s in range(SHARDS)}
+        assert {p.split("/_lakesink_index/")[1].split("/")[0] for p in kept} == {KeyShard(s, SHARDS).name() for s in range(SHARDS)}
         if damaged:  # every copy of every shard: a page overwritten, its SHA-256 no longer matches
             for shard in range(SHARDS):
                 for name in copies[shard]:
-                    path = f"{published.copies_root(table.metadata, KeyRoute(shard, SHARDS))}/{name}/shard-00.mdb".removeprefix("file://")
+                    path = f"{published.copies_root(table.metadata, KeyShard(shard, SHARDS))}/{name}/shard-00.mdb".removeprefix("file://")
                     with open(path, "r+b") as f:
                         f.seek(4096)
                         f.write(b"\x00" * 64)
@@ -355,7 +355,7 @@ def test_routed_files_and_their_compactions_hold_one_shard_each() -> None:
     import pyarrow.parquet as pq
 
     from lakesink_datasource.iceberg.live_files import live_data_files
-    from lakesink_datasource.index.key_route import file_route
+    from lakesink_datasource.index.key_shards import file_shard
 
     config = Config("upsert", "bucket(2, id)", False)
     batches = label_batches(config, [[[[Change(k) for k in range(b, 16)]]] for b in range(4)])
@@ -369,7 +369,7 @@ def test_routed_files_and_their_compactions_hold_one_shard_each() -> None:
         after = live_data_files(table.io, table.metadata.current_snapshot())
         assert result.files_written and len(after) < len(before)
         for entry in after:
-            route = file_route(entry.data_file.file_path)
+            route = file_shard(entry.data_file.file_path)
             assert route is not None and route.shards == SHARDS, entry.data_file.file_path
             ids = pq.read_table(entry.data_file.file_path.removeprefix("file://"), columns=["id"])["id"]
             assert (shard_of_keys([ids], SHARDS) == route.shard).all()

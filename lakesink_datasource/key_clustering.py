@@ -2,7 +2,7 @@
 
 A keyed task resolves keys in its host's index. When any task may get any key, every host
 must hold the whole index and follow every batch. `cluster_by_key` splits the key space
-into shards (`pmod(xxhash64(keys), shards)`, computed by Spark, see index/key_route.py) and
+into shards (`pmod(xxhash64(keys), shards)`, computed by Spark, see index/key_shards.py) and
 gives each Spark partition one shard, so a host holds only the shards its tasks get:
 
 - On a streaming DataFrame the rows go through `applyInPandasWithState` grouped by shard.
@@ -18,8 +18,8 @@ gives each Spark partition one shard, so a host holds only the shards its tasks 
 
 A write routed to many tables (option `table_column`) is clustered the same way, by each
 row's table key: the tables' keys differ in names and types and are only known once rows are
-read, so the route hashes each key field's text (from `key_column`, or the `primary_key`
-fields of the payload; index/key_route.py says how it stays exact). A shard's task then
+read, so the shard hashes each key field's text (from `key_column`, or the `primary_key`
+fields of the payload; index/key_shards.py says how it stays exact). A shard's task then
 writes its shard of every table it meets (routing/route_task.py), and the sink commits the
 tables as an unclustered routed write does.
 """
@@ -40,7 +40,14 @@ import msgspec
 
 from lakesink_datasource.debezium.options import DebeziumOptions
 from lakesink_datasource.errors import LakesinkError
-from lakesink_datasource.index.key_route import MAX_SHARDS, NO_ROUTE, ROUTE_BY_TEXT, ROUTE_COLUMN, ROUTE_KEY, route_values
+from lakesink_datasource.index.key_shards import (
+    MAX_SHARDS,
+    NO_SHARD,
+    SHARD_BY_TEXT,
+    SHARD_COLUMN,
+    SHARD_KEY_COLUMNS,
+    shard_values,
+)
 from lakesink_datasource.options import DEFAULT_WAREHOUSE, KEYED_OPERATIONS, OptionError, WriteOptions, parse_options
 from lakesink_datasource.routing.route_options import RoutingOptions
 from lakesink_datasource.schema.spark_types import SchemaError
@@ -49,7 +56,7 @@ from lakesink_datasource.write.routed_rows import RowCodec
 
 __all__ = ["RESULT_COLUMN", "ClusteredStream", "cluster_by_key", "clustered_stream", "key_text_column"]
 
-# The one column a routed stream hands the sink: a keyed write's commit message per shard.
+# The one column a clustered stream hands the sink: a keyed write's commit message per shard.
 RESULT_COLUMN = "__lakesink_task_result"
 _SPEC = "lakesink_routed_stream"  # the column's metadata key: what the sink needs to plan
 # Options that only the commit uses: the sink may set them where cluster_by_key did not.
@@ -58,12 +65,12 @@ _SPARK_OWNED = {"checkpointlocation", "queryname", "path"}  # what Spark itself 
 log = logging.getLogger("lakesink")
 
 
-class RouteError(LakesinkError, ValueError):
-    """cluster_by_key cannot route this DataFrame as asked."""
+class ClusteringError(LakesinkError, ValueError):
+    """cluster_by_key cannot cluster this DataFrame as asked."""
 
 
 def cluster_by_key(df: Any, *key_columns: str, shards: int | None = None, **options: str) -> Any:
-    """`df` routed by key shard for a keyed write with `options` (the write's options:
+    """`df` clustered by key shard for a keyed write with `options` (the write's options:
     `table`, `operation`, `warehouse` or a catalog, `sequence_column`, ...; `primary_key`
     defaults to `key_columns`, which must be the table's key, in its order). `shards`
     defaults to the executors' task slots (at most `spark.sql.shuffle.partitions`: a
@@ -72,13 +79,13 @@ def cluster_by_key(df: Any, *key_columns: str, shards: int | None = None, **opti
     same options (a batch). Everything is checked here, before anything runs."""
     if any(k.lower() in ("table_column", "cdc_format") for k in options):
         if key_columns:
-            raise RouteError(
-                "cluster_by_key with option 'table_column' or 'cdc_format' routes each row by its own table's key (from "
+            raise ClusteringError(
+                "cluster_by_key with option 'table_column' or 'cdc_format' clusters each row by its own table's key (from "
                 f"'key_column' or each table's 'primary_key'): give no key columns (got {', '.join(key_columns)})"
             )
         return _cluster_tables(df, shards, options)
     if not key_columns:
-        raise RouteError("cluster_by_key needs the key columns: cluster_by_key(df, 'id', table=..., operation='upsert', ...)")
+        raise ClusteringError("cluster_by_key needs the key columns: cluster_by_key(df, 'id', table=..., operation='upsert', ...)")
     raw = _normalised(options, key_columns)
     parsed = parse_options(raw)
     if parsed.operation not in KEYED_OPERATIONS:
@@ -88,18 +95,18 @@ def cluster_by_key(df: Any, *key_columns: str, shards: int | None = None, **opti
         )
     key_types = _key_cast_types(df, parsed, key_columns)
     count, partitions = _shard_count(df, shards)
-    routed = df.withColumn(ROUTE_COLUMN, _route_column(key_columns, key_types, count, partitions if df.isStreaming else count))
-    # The route names its key: a write of the routed rows needs no primary_key option of its own.
-    routed = routed.withMetadata(ROUTE_COLUMN, {ROUTE_KEY: list(key_columns)})
+    clustered = df.withColumn(SHARD_COLUMN, _shard_column(key_columns, key_types, count, partitions if df.isStreaming else count))
+    # The shard column names its key: a write of the clustered rows needs no primary_key option of its own.
+    clustered = clustered.withMetadata(SHARD_COLUMN, {SHARD_KEY_COLUMNS: list(key_columns)})
     if not df.isStreaming:
-        return routed.repartition(count, ROUTE_COLUMN)
+        return clustered.repartition(count, SHARD_COLUMN)
     _check_stream_shards(count, partitions)
     if parsed.merge_schema or parsed.evolve_partition:
         raise OptionError(
-            "cluster_by_key: options merge_schema and evolve_partition are not supported on a routed stream (its tasks "
-            "plan without the driver); evolve the table with one unrouted write first"
+            "cluster_by_key: options merge_schema and evolve_partition are not supported on a clustered stream (its tasks "
+            "plan without the driver); evolve the table with one unclustered write first"
         )
-    return _stateful_route(routed, raw, count)
+    return _stateful_shards(clustered, raw, count)
 
 
 def _shard_count(df: Any, shards: int | None) -> tuple[int, int]:
@@ -173,7 +180,7 @@ def _local_master_slots(master: str) -> int | None:
 
 def _check_stream_shards(count: int, partitions: int) -> None:
     if importlib.util.find_spec("pandas") is None:  # PySpark's stateful operator refuses to run without it
-        raise RouteError("cluster_by_key on a stream needs pandas (PySpark's applyInPandasWithState requires it): "
+        raise ClusteringError("cluster_by_key on a stream needs pandas (PySpark's applyInPandasWithState requires it): "
                          "pip install 'lakesink-datasource[cluster]'")
     if count > partitions:
         raise OptionError(
@@ -183,7 +190,7 @@ def _check_stream_shards(count: int, partitions: int) -> None:
 
 
 def _absolute_warehouse(options: Mapping[str, str]) -> dict[str, str]:
-    """The options as the routed tasks will parse them, on executors: the warehouse made
+    """The options as the clustered tasks will parse them, on executors: the warehouse made
     absolute here (the executors' working directory differs)."""
     raw = {k: str(v) for k, v in options.items()}
     warehouse = next((k for k in raw if k.lower() == "warehouse"), None)
@@ -192,7 +199,7 @@ def _absolute_warehouse(options: Mapping[str, str]) -> dict[str, str]:
 
 
 def _normalised(options: Mapping[str, str], key_columns: tuple[str, ...]) -> dict[str, str]:
-    """The options as the routed tasks will parse them, the key spelled out."""
+    """The options as the clustered tasks will parse them, the key spelled out."""
     raw = _absolute_warehouse(options)
     lowered = {k.lower(): k for k in raw}
     given = lowered.get("primary_key")
@@ -201,7 +208,7 @@ def _normalised(options: Mapping[str, str], key_columns: tuple[str, ...]) -> dic
     elif [c.strip().lower() for c in raw[given].split(",") if c.strip()] != [c.lower() for c in key_columns]:
         raise OptionError(
             f"cluster_by_key: the key columns ({', '.join(key_columns)}) differ from option 'primary_key' ({raw[given]}); "
-            "route by exactly the primary key, in its order"
+            "cluster by exactly the primary key, in its order"
         )
     return raw
 
@@ -231,7 +238,7 @@ def _key_cast_types(df: Any, options: WriteOptions, key_columns: tuple[str, ...]
     if identifier and [c.lower() for c in identifier] != [c.lower() for c in key_columns]:
         raise OptionError(
             f"cluster_by_key: the key columns ({', '.join(key_columns)}) differ from table {options.table}'s identifier "
-            f"fields ({', '.join(identifier)}); route by exactly the table's key, in its order"
+            f"fields ({', '.join(identifier)}); cluster by exactly the table's key, in its order"
         )
     casts = []
     for column in key_columns:
@@ -246,18 +253,18 @@ def _key_cast_types(df: Any, options: WriteOptions, key_columns: tuple[str, ...]
             cast = f"decimal({t.precision},{t.scale})"
         if cast is None:
             raise SchemaError(
-                f"cluster_by_key: key column '{column}' has type {t}, which cannot be routed (supported: boolean, int, "
+                f"cluster_by_key: key column '{column}' has type {t}, which cannot be clustered (supported: boolean, int, "
                 "long, date, timestamp, string, binary, decimal of up to 18 digits); write this table without cluster_by_key"
             )
         casts.append(cast)
     return casts
 
 
-def _route_column(key_columns: tuple[str, ...], casts: list[str], shards: int, partitions: int) -> Any:
+def _shard_column(key_columns: tuple[str, ...], casts: list[str], shards: int, partitions: int) -> Any:
     from pyspark.sql import functions as F
 
     hashed = F.xxhash64(*(F.col(f"`{c}`").cast(t) for c, t in zip(key_columns, casts)))
-    values = route_values(shards, partitions, key_columns)
+    values = shard_values(shards, partitions, key_columns)
     return F.element_at(F.array(*(F.lit(v) for v in values)), (F.pmod(hashed, F.lit(shards)) + 1).cast("int"))
 
 
@@ -285,7 +292,7 @@ def _cluster_tables(df: Any, shards: int | None, options: Mapping[str, str]) -> 
         )
     if routing.key_column is None and not common.primary_key:
         raise OptionError(
-            "cluster_by_key with option 'table_column' routes each row by its table's key: give option 'key_column' (each "
+            "cluster_by_key with option 'table_column' clusters each row by its table's key: give option 'key_column' (each "
             "row's key, such as Debezium's message key) or 'primary_key' (each table's key columns; "
             "'tables.<namespace>.<table>.primary_key' for a table of its own)"
         )
@@ -293,19 +300,19 @@ def _cluster_tables(df: Any, shards: int | None, options: Mapping[str, str]) -> 
 
 
 def _clustered(df: Any, texts: Any, count: int, partitions: int, raw: dict[str, str]) -> Any:
-    """`df` with a text route by the key texts `texts` (null: no key, NO_ROUTE)."""
+    """`df` with a text shard of the key texts `texts` (null: no key, NO_SHARD)."""
     from pyspark.sql import functions as F
 
-    values = route_values(count, partitions if df.isStreaming else count, None)
+    values = shard_values(count, partitions if df.isStreaming else count, None)
     shard = F.element_at(F.array(*(F.lit(v) for v in values)), (F.pmod(F.xxhash64(texts), F.lit(count)) + 1).cast("int"))
-    # NO_ROUTE for a row whose table has no key option: its task refuses it, naming the fix
-    # (a non-null route crosses the stateful operator as it is).
-    routed = df.withColumn(ROUTE_COLUMN, F.coalesce(F.when(texts.isNotNull(), shard), F.lit(NO_ROUTE)))
-    routed = routed.withMetadata(ROUTE_COLUMN, {ROUTE_BY_TEXT: True})
+    # NO_SHARD for a row whose table has no key option: its task refuses it, naming the fix
+    # (a non-null shard crosses the stateful operator as it is).
+    clustered = df.withColumn(SHARD_COLUMN, F.coalesce(F.when(texts.isNotNull(), shard), F.lit(NO_SHARD)))
+    clustered = clustered.withMetadata(SHARD_COLUMN, {SHARD_BY_TEXT: True})
     if not df.isStreaming:
-        return routed.repartition(count, ROUTE_COLUMN)
+        return clustered.repartition(count, SHARD_COLUMN)
     _check_stream_shards(count, partitions)
-    return _stateful_route(routed, raw, count, tables=True)
+    return _stateful_shards(clustered, raw, count, tables=True)
 
 
 def debezium_key_texts(debezium: DebeziumOptions, schema: Any) -> Any:
@@ -325,7 +332,7 @@ def debezium_key_texts(debezium: DebeziumOptions, schema: Any) -> Any:
 
 def key_text_column(routing: RoutingOptions, schema: Any) -> Any:
     """Each row's key as the texts of its fields, ordered by lower-cased field name (a text
-    route's hash input, see index/key_route.py): the `key_column`'s fields, or the fields its
+    shard's hash input, see index/key_shards.py): the `key_column`'s fields, or the fields its
     table's `primary_key` names in the payload (or the row). Null when the row's table has
     no key option."""
     from pyspark.sql import functions as F
@@ -375,17 +382,17 @@ def key_text_column(routing: RoutingOptions, schema: Any) -> Any:
     return texts
 
 
-def _stateful_route(routed: Any, raw: dict[str, str], shards: int, *, tables: bool = False) -> Any:
+def _stateful_shards(clustered: Any, raw: dict[str, str], shards: int, *, tables: bool = False) -> Any:
     from pyspark.sql.streaming.state import GroupStateTimeout
     from pyspark.sql.types import BinaryType, StructField, StructType
 
-    codec = RowCodec(routed.schema)  # a column it cannot carry exactly is refused here
-    data_schema = routed.schema.json()
+    codec = RowCodec(clustered.schema)  # a column it cannot carry exactly is refused here
+    data_schema = clustered.schema.json()
     spec = {"options": raw, "schema": data_schema, "shards": shards, "tables": tables}
     output = StructType([StructField(RESULT_COLUMN, BinaryType(), False, metadata={_SPEC: spec})])
-    encoded = codec.encode(routed)
+    encoded = codec.encode(clustered)
     writer = _TablesShardWriter(raw, data_schema) if tables else _ShardWriter(raw, data_schema)
-    return encoded.groupBy(ROUTE_COLUMN).applyInPandasWithState(writer, output, "unused int", "append", GroupStateTimeout.NoTimeout)
+    return encoded.groupBy(SHARD_COLUMN).applyInPandasWithState(writer, output, "unused int", "append", GroupStateTimeout.NoTimeout)
 
 
 class _ShardWriter:
@@ -453,7 +460,7 @@ def _execution_write_id() -> str:
 
     ctx = TaskContext.get()
     if ctx is None:
-        raise RouteError("a routed keyed task found no Spark query execution id; it runs only inside a streaming query")
+        raise ClusteringError("a clustered keyed task found no Spark query execution id; it runs only inside a streaming query")
     execution = ctx.getLocalProperty("spark.sql.execution.query.id")
     if execution:
         return uuid.UUID(execution).hex
@@ -462,13 +469,13 @@ def _execution_write_id() -> str:
     # execution within a run) name the execution as well.
     run, sql_execution = ctx.getLocalProperty("spark.jobGroup.id"), ctx.getLocalProperty("spark.sql.execution.id")
     if not run or not sql_execution:
-        raise RouteError("a routed keyed task found no Spark query execution id; it runs only inside a streaming query")
+        raise ClusteringError("a clustered keyed task found no Spark query execution id; it runs only inside a streaming query")
     return uuid.uuid5(uuid.NAMESPACE_URL, f"lakesink:{run}:{sql_execution}").hex
 
 
 @dataclass(frozen=True)
 class ClusteredStream:
-    """What the sink of a routed stream plans with: the options cluster_by_key got (with
+    """What the sink of a clustered stream plans with: the options cluster_by_key got (with
     commit-only options the sink adds) and the schema of the rows the tasks wrote."""
 
     options: dict[str, str]
@@ -478,7 +485,7 @@ class ClusteredStream:
 
 
 def clustered_stream(schema: Any, sink_options: Mapping[str, str]) -> ClusteredStream | None:
-    """The routed stream behind a sink's input schema, or None when it is not one. Options
+    """The clustered stream behind a sink's input schema, or None when it is not one. Options
     given to the sink too must agree with cluster_by_key's (its tasks wrote with those)."""
     from pyspark.sql.types import StructType
 
@@ -498,7 +505,7 @@ def clustered_stream(schema: Any, sink_options: Mapping[str, str]) -> ClusteredS
     )
     if differing:
         raise OptionError(
-            f"option(s) {', '.join(differing)} given to writeStream differ from cluster_by_key's, whose options the routed "
+            f"option(s) {', '.join(differing)} given to writeStream differ from cluster_by_key's, whose options the clustered "
             "tasks wrote with: give them to cluster_by_key only (the sink may add maintenance, progress, "
             "snapshot_property.* and checkpointLocation)"
         )
@@ -506,7 +513,7 @@ def clustered_stream(schema: Any, sink_options: Mapping[str, str]) -> ClusteredS
 
 
 def _routed_tables(spec: Mapping[str, Any], sink_options: Mapping[str, str]) -> ClusteredStream:
-    """A stream cluster_by_key routed to many tables: its tasks planned every table with
+    """A stream cluster_by_key clustered, routed to many tables: its tasks planned every table with
     cluster_by_key's options, so the sink takes none but Spark's own (checkpointLocation)."""
     from pyspark.sql.types import StructType
 

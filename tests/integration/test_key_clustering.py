@@ -22,7 +22,7 @@ from lakesink_testing import assert_readers_see, expected_rows, keys_in_shard_in
 
 from lakesink_datasource.check import check_table
 from lakesink_datasource.iceberg.summary_keys import COMPACTION, HOSTS
-from lakesink_datasource.index.key_route import ROUTE_COLUMN, decode_route, shard_of_keys
+from lakesink_datasource.index.key_shards import SHARD_COLUMN, decode_shard, shard_of_keys
 from lakesink_datasource.index.spark_hash import murmur3_long, xxhash64
 
 pytestmark = pytest.mark.spark
@@ -75,12 +75,12 @@ def test_a_routed_batch_gives_each_partition_one_shard(spark, warehouse: str, sh
 
     df = spark.range(0, 4000).select(F.col("id"), F.concat(F.lit("v"), F.col("id").cast("string")).alias("v"))
     routed = cluster_by_key(df, "id", shards=shards, table="db.t", warehouse=warehouse, operation="upsert")
-    placed = routed.select(F.spark_partition_id().alias("p"), ROUTE_COLUMN, "id").toArrow()
+    placed = routed.select(F.spark_partition_id().alias("p"), SHARD_COLUMN, "id").toArrow()
     assert not table_exists(warehouse, "db.t")  # routing creates nothing
     assert routed.rdd.getNumPartitions() == shards
     shard_of = shard_of_keys([placed["id"]], shards)
-    for partition, value, shard in zip(placed["p"].to_pylist(), placed[ROUTE_COLUMN].to_pylist(), shard_of.tolist()):
-        route, _fingerprint = decode_route(value)
+    for partition, value, shard in zip(placed["p"].to_pylist(), placed[SHARD_COLUMN].to_pylist(), shard_of.tolist()):
+        route, _fingerprint = decode_shard(value)
         assert (route.shard, route.shards) == (shard, shards)
         assert partition == shard, "each shard in the partition of its number"
     counts = np.bincount(shard_of, minlength=shards)
@@ -98,7 +98,7 @@ def test_shards_default_to_the_task_slots_and_more_shards_than_slots_are_warned_
     try:
         routed = cluster_by_key(spark.range(0, 100), "id", **options)
         assert routed.rdd.getNumPartitions() == 2
-        assert {decode_route(r[0])[0].shards for r in routed.select(ROUTE_COLUMN).collect()} == {2}
+        assert {decode_shard(r[0])[0].shards for r in routed.select(SHARD_COLUMN).collect()} == {2}
         source = tmp_path / "src"
         spark.range(0, 10).write.parquet(str(source))
         stream = spark.readStream.schema("id long").parquet(str(source))

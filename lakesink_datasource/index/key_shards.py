@@ -1,6 +1,6 @@
 """Key shards: the key space split so that each host holds and updates only its part.
 
-`cluster_by_key` gives every row a route value, computed by Spark from the key columns (no
+`cluster_by_key` gives every row a shard value, computed by Spark from the key columns (no
 row crosses into Python for it): the key's shard, `pmod(xxhash64(keys), shards)`, packed
 with the shard count and a fingerprint of the key columns' names. Rows are then grouped by
 that value, so each Spark partition holds one shard; behind a stateful operator Spark runs
@@ -17,7 +17,7 @@ against that shard in the table's types (`keeps`), so a key whose text its table
 otherwise is refused rather than indexed in a shard its rows never reach.
 
 The packed value (a positive bigint): bits 0-15 the shard, 16-31 the shard count, 32-47 the
-key names' fingerprint (0 for a text route), 48-61 a salt, 62 set for a text route. Spark's `HashPartitioning` sends a row to partition
+key names' fingerprint (0 for a text shard), 48-61 a salt, 62 set for a text shard. Spark's `HashPartitioning` sends a row to partition
 `pmod(murmur3(value), partitions)`; the salt is chosen per shard so that shard `r` lands on
 partition `r mod partitions`: every partition gets one shard (with as many shards as
 partitions), none gets two.
@@ -37,24 +37,37 @@ import pyarrow.compute as pc
 from lakesink_datasource.index.spark_hash import murmur3_long, xxhash64
 
 __all__ = [
-    "MAX_SHARDS", "NO_ROUTE", "ROUTE_BY_TEXT", "ROUTE_COLUMN", "ROUTE_KEY", "SHARD_NAME_PREFIXES", "KeyRoute", "file_route",
-    "key_fingerprint", "key_texts", "misrouted_message", "route_values", "shard_of_key_texts", "shard_of_keys", "text_misrouted",
+    "MAX_SHARDS",
+    "NO_SHARD",
+    "SHARD_BY_TEXT",
+    "SHARD_COLUMN",
+    "SHARD_KEY_COLUMNS",
+    "SHARD_NAME_PREFIXES",
+    "KeyShard",
+    "file_shard",
+    "key_fingerprint",
+    "key_texts",
+    "misclustered_message",
+    "shard_of_key_texts",
+    "shard_of_keys",
+    "shard_values",
+    "text_misclustered",
 ]
 
-ROUTE_COLUMN = "__lakesink_key_shard"
-ROUTE_KEY = "lakesink_key_columns"  # the route column's metadata: the key columns it hashed
-NO_ROUTE = -1  # the route of a row routed to many tables whose table has no key to route by
-ROUTE_BY_TEXT = "lakesink_route_by_text"  # ... or that it hashed each table's key texts (many tables)
+SHARD_COLUMN = "__lakesink_key_shard"
+SHARD_KEY_COLUMNS = "lakesink_key_columns"  # the shard column's metadata: the key columns it hashed
+NO_SHARD = -1  # the shard of a row routed to many tables whose table has no key to shard by
+SHARD_BY_TEXT = "lakesink_route_by_text"  # ... or that it hashed each table's key texts (many tables)
 MAX_SHARDS = 1 << 15
 _SALTS = 1 << 14
 _TEXT_BIT = 1 << 62
-# How KeyRoute.name() begins: a typed route's shard, a text route's (index directories and
+# How KeyShard.name() begins: a typed shard, a text shard (index directories and
 # published copies' folders are told from a whole index's by these).
 SHARD_NAME_PREFIXES = ("key-shard-", "key-text-shard-")
 
 
 @dataclass(frozen=True)
-class KeyRoute:
+class KeyShard:
     """Shard `shard` of `shards`: the part of the key space an index holds."""
 
     shard: int
@@ -77,7 +90,7 @@ class KeyRoute:
 
     def skips(self, path: str) -> bool:
         """Whether a data file named `path` holds no key of this shard (its tag names another)."""
-        tagged = file_route(path)
+        tagged = file_shard(path)
         return (
             tagged is not None and tagged.by_text == self.by_text and tagged.shards == self.shards and tagged.shard != self.shard
         )
@@ -98,12 +111,12 @@ class KeyRoute:
 _FILE_TAG = re.compile(r"-k([st])(\d{5})of(\d{5})-\d{5}\.parquet$")
 
 
-def file_route(path: str) -> KeyRoute | None:
+def file_shard(path: str) -> KeyShard | None:
     """The key shard whose keys alone a data file holds, from its name (None: untagged)."""
     found = _FILE_TAG.search(path)
     if found is None or not 0 <= int(found[2]) < int(found[3]) <= MAX_SHARDS:
         return None
-    return KeyRoute(int(found[2]), int(found[3]), by_text=found[1] == "t")
+    return KeyShard(int(found[2]), int(found[3]), by_text=found[1] == "t")
 
 
 def shard_of_keys(key_columns: Sequence[pa.Array | pa.ChunkedArray], shards: int) -> np.ndarray:
@@ -123,9 +136,9 @@ def shard_of_key_texts(key_columns: Sequence[pa.Array | pa.ChunkedArray], shards
     return np.mod(xxhash64(key_texts(key_columns)), shards)
 
 
-def text_misrouted(routes: pa.Array | pa.ChunkedArray, key_columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
+def text_misclustered(routes: pa.Array | pa.ChunkedArray, key_columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
     """Which rows' packed text routes name another shard than their keys' texts hash to (a
-    row without a route, NO_ROUTE, counts as misrouted)."""
+    row without a route, NO_SHARD, counts as misrouted)."""
     values = np.asarray(routes.to_numpy(zero_copy_only=False), dtype=np.int64)
     routed = values >= 0
     shards = np.where(routed, (values >> 16) & 0xFFFF, 1)
@@ -133,8 +146,8 @@ def text_misrouted(routes: pa.Array | pa.ChunkedArray, key_columns: Sequence[pa.
     return ~routed | (hashed != (values & 0xFFFF))
 
 
-def misrouted_message(table: str, count: int, example: dict[str, object], types: str) -> str:
-    """Why rows of `table` routed by their key's text are refused (the routed task's check
+def misclustered_message(table: str, count: int, example: dict[str, object], types: str) -> str:
+    """Why rows of `table` routed by their key's text are refused (the clustered task's check
     and the keyed writer's say the same)."""
     return (
         f"table {table}: cluster_by_key routed {count} row(s) by a key text that differs from the table's own text of "
@@ -150,7 +163,7 @@ def key_fingerprint(names: Sequence[str]) -> int:
     return zlib.crc32(",".join(n.lower() for n in names).encode()) & 0xFFFF
 
 
-def route_values(shards: int, partitions: int, names: Sequence[str] | None) -> list[int]:
+def shard_values(shards: int, partitions: int, names: Sequence[str] | None) -> list[int]:
     """The packed route value of every shard, salted so that Spark's hash partitioning into
     `partitions` puts shard r on partition `r mod partitions`. `names` None: a text route."""
     if not 0 < shards <= MAX_SHARDS:
@@ -168,6 +181,6 @@ def route_values(shards: int, partitions: int, names: Sequence[str] | None) -> l
     return values
 
 
-def decode_route(value: int) -> tuple[KeyRoute, int]:
+def decode_shard(value: int) -> tuple[KeyShard, int]:
     """(the shard, the key names' fingerprint) of a packed route value."""
-    return KeyRoute(value & 0xFFFF, (value >> 16) & 0xFFFF, by_text=bool(value & _TEXT_BIT)), (value >> 32) & 0xFFFF
+    return KeyShard(value & 0xFFFF, (value >> 16) & 0xFFFF, by_text=bool(value & _TEXT_BIT)), (value >> 32) & 0xFFFF
