@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import msgspec
 
@@ -93,35 +93,6 @@ class WriteOptions(TableTarget, frozen=True, kw_only=True):
     new_checkpoint: str | None = None  # one of NEW_CHECKPOINT_MODES; None: not given (refuse)
 
 
-_SIMPLE = {
-    "table",
-    "warehouse",
-    "catalog",
-    "partition_by",
-    "sort_by",
-    "target_file_size_bytes",
-    "format_version",
-    "operation",
-    "primary_key",
-    "op_column",
-    "delete_ops",
-    "sequence_column",
-    "unavailable_value",
-    "history",
-    "track_history_columns",
-    "track_history_except_columns",
-    "index_dir",
-    "maintenance",
-    "progress",
-    "txn_app_id",
-    "txn_version",
-    "branch",
-    "overwrite_mode",
-    "replace_where",
-    "merge_schema",
-    "evolve_partition",
-    "new_checkpoint",
-}
 # Summary keys a commit computes itself (Iceberg's counters and totals, the operation).
 _RESERVED_SUMMARY_KEYS = {
     "operation", "engine-name", "engine-version", "lakesink-version", "changed-partition-count",
@@ -140,11 +111,11 @@ _QUERY_NAME = "queryname"
 
 
 def _valid_names() -> str:
-    return ", ".join(sorted(_SIMPLE | {"catalog.<property>", "property.<table property>", "snapshot_property.<key>"}))
+    return ", ".join(sorted(set(_OPTIONS) | {"catalog.<property>", "property.<table property>", "snapshot_property.<key>"}))
 
 
 def _did_you_mean(name: str) -> str:
-    return did_you_mean(name, _SIMPLE, _ALIASES)
+    return did_you_mean(name, set(_OPTIONS), _ALIASES)
 
 
 def did_you_mean(name: str, valid: set[str], aliases: Mapping[str, str]) -> str:
@@ -197,142 +168,227 @@ def bool_option(name: str, raw: str) -> bool:
     return value == "true"
 
 
-def parse_options(raw: Mapping[str, str]) -> WriteOptions:
-    """Validate Spark's option map into WriteOptions; raise OptionError naming the option."""
-    values: dict[str, str] = {}
-    checkpoint: str | None = None
-    query_name: str | None = None
-    catalog_properties: dict[str, str] = {}
-    table_properties: dict[str, str] = {}
-    snapshot_properties: dict[str, str] = {}
-    for key, value in raw.items():
-        name = key.lower()
-        if name.startswith("catalog."):
-            prop = key[len("catalog.") :]
-            if not prop:
-                raise OptionError("option 'catalog.' needs a property name, e.g. 'catalog.uri'")
-            catalog_properties[prop.lower()] = value
-            continue
-        if name.startswith("property."):
-            # Iceberg property names are lower case by convention; Spark lower-cases option
-            # names anyway, so the key is taken as given in lower case.
-            prop = name[len("property.") :]
-            if not prop:
-                raise OptionError("option 'property.' needs a table property name, e.g. 'property.write.target-file-size-bytes'")
-            table_properties[prop] = value
-            continue
-        if name.startswith("snapshot_property."):
-            prop = name[len("snapshot_property.") :]
-            if not prop:
-                raise OptionError("option 'snapshot_property.' needs a key, e.g. 'snapshot_property.source-offset'")
-            if prop in _RESERVED_SUMMARY_KEYS or prop.startswith("lakesink.") or prop.startswith("spark.sql.streaming."):
-                raise OptionError(
-                    f"option 'snapshot_property.{prop}': {prop!r} is a summary key Iceberg or lakesink sets itself; "
-                    "choose another key"
-                )
-            snapshot_properties[prop] = value
-            continue
-        if name in _SPARK_OWNED:
-            if name == _CHECKPOINT and value.strip():
-                checkpoint = value.strip()
-            elif name == _QUERY_NAME and value.strip():
-                query_name = value.strip()
-            continue
-        name = _ALIASES.get(name, name)
-        if name not in _SIMPLE:
-            raise OptionError(f"unknown option '{key}'{_did_you_mean(name)} (valid options: {_valid_names()})")
-        if name in values and values[name] != value:
-            raise OptionError(f"option '{name}' given twice with different values ({values[name]!r}, {value!r})")
-        values[name] = value
+# How each option's text becomes its WriteOptions field: (option name, its text) -> value.
+# An option missing from the map keeps WriteOptions' default; one that parses to None too.
+_Parser = Callable[[str, str], object]
 
-    table = values.get("table", "").strip()
+
+def _table_name(_name: str, raw: str) -> str:
+    table = raw.strip()
     if not table:
-        raise OptionError(
-            "option 'table' is required: the Iceberg table as 'namespace.table', e.g. "
-            "df.write.format('lakesink').mode('append').save('ns.t') or writeStream.format('lakesink').start('ns.t'). "
-            "saveAsTable, toTable and writeTo go through Spark's catalog, which passes a Python data source no "
-            "options: use save()/start() instead. For SQL, Spark does not forward CREATE TABLE ... OPTIONS to "
-            "INSERT for Python data sources; write INSERT INTO t WITH ('table' = 'ns.t', 'warehouse' = '...') SELECT ..."
-        )
+        raise OptionError(_TABLE_REQUIRED)
     if "." not in table or any(not part.strip() for part in table.split(".")):
         raise OptionError(f"option 'table' must be 'namespace.table' with no empty part, got {table!r}")
     bad = sorted({c for c in table if c in "/\\" or not c.isprintable()})
     if bad:
         # Names become directory names: a slash would let two names share a directory.
         raise OptionError(f"option 'table' must not contain {', '.join(repr(c) for c in bad)}, got {table!r}")
+    return table
 
-    operation = values.get("operation", "append").strip().lower()
-    if operation not in OPERATIONS:
-        raise OptionError(f"option 'operation' must be one of {', '.join(OPERATIONS)}, got {operation!r}")
-    maintenance = values.get("maintenance", "auto").strip().lower()
-    if maintenance not in MAINTENANCE_MODES:
-        raise OptionError(f"option 'maintenance' must be one of {', '.join(MAINTENANCE_MODES)}, got {maintenance!r}")
-    overwrite_mode = values.get("overwrite_mode", "").strip().lower() or None
-    if overwrite_mode is not None and overwrite_mode not in OVERWRITE_MODES:
-        raise OptionError(f"option 'overwrite_mode' must be one of {', '.join(OVERWRITE_MODES)}, got {overwrite_mode!r}")
-    replace_where = values.get("replace_where", "").strip() or None
-    if replace_where is not None and overwrite_mode == "dynamic":
+
+def _absolute_path(_name: str, raw: str) -> str:
+    # Made absolute here, on the driver: executors and the commit process may run with
+    # another working directory.
+    return os.path.abspath(raw)
+
+
+def _as_given(_name: str, raw: str) -> str:
+    return raw
+
+
+def _text_or_none(_name: str, raw: str) -> str | None:
+    return raw or None
+
+
+def _stripped_or_none(_name: str, raw: str) -> str | None:
+    return raw.strip() or None
+
+
+def _stripped_if_given(_name: str, raw: str) -> str | None:
+    return raw.strip() if raw else None
+
+
+def _one_of(choices: tuple[str, ...], *, empty_means_unset: bool = False, quote_given: bool = False) -> _Parser:
+    def parse(name: str, raw: str) -> str | None:
+        value = raw.strip().lower()
+        if empty_means_unset and not value:
+            return None
+        if value not in choices:
+            raise OptionError(f"option '{name}' must be one of {', '.join(choices)}, got {raw if quote_given else value!r}")
+        return value
+
+    return parse
+
+
+def _integer(allowed: tuple[int, ...] | None = None, minimum: int = 1) -> _Parser:
+    return lambda name, raw: int_option(name, raw, allowed=allowed, minimum=minimum)
+
+
+def _columns(*, example: str = "", unique: bool = False, required: bool = True) -> _Parser:
+    """A comma-separated list of columns; `required`: at least one; `unique`: none named twice
+    (case-insensitively)."""
+
+    def parse(name: str, raw: str) -> tuple[str, ...]:
+        columns = _csv(raw)
+        if required and not columns:
+            raise OptionError(f"option '{name}' names no column, got {raw!r}" + (f": give e.g. {example}" if example else ""))
+        repeated = sorted({c for c in columns if [k.lower() for k in columns].count(c.lower()) > 1})
+        if unique and repeated:
+            raise OptionError(f"option '{name}' names {', '.join(repeated)} more than once")
+        return columns
+
+    return parse
+
+
+_sequence_list = _columns(unique=True, required=False)
+
+
+def _sequence_columns(name: str, raw: str) -> object:
+    return _sequence_list(name, raw) if raw.strip() else None
+
+
+def _delete_markers(_name: str, raw: str) -> tuple[str, ...]:
+    ops = _csv(raw)
+    if not ops:
+        raise OptionError("option 'delete_ops' must list at least one delete marker")
+    return ops
+
+
+def _placeholder(_name: str, raw: str) -> str | None:
+    if raw:
+        placeholder_bytes(raw)  # checked here, used by the keyed writer
+    return raw or None
+
+
+def _branch(_name: str, raw: str) -> str | None:
+    branch = raw.strip() or None
+    if branch is not None and not branch.isprintable():
+        raise OptionError(f"option 'branch' must be a printable name, got {branch!r}")
+    return None if branch == "main" else branch
+
+
+def _unchecked(_name: str, raw: str) -> str:
+    return raw  # checked with its partner (_check_idempotent_write)
+
+
+# Every option a write takes by name (lower case), in the order they are checked, with its
+# parser. Prefixed options (catalog., property., snapshot_property.) and those Spark passes
+# (checkpointLocation, queryName) are read apart, in parse_options.
+_OPTIONS: dict[str, _Parser] = {
+    "table": _table_name,
+    "operation": _one_of(OPERATIONS),
+    "maintenance": _one_of(MAINTENANCE_MODES),
+    "overwrite_mode": _one_of(OVERWRITE_MODES, empty_means_unset=True),
+    "replace_where": _stripped_or_none,
+    "new_checkpoint": _one_of(NEW_CHECKPOINT_MODES, empty_means_unset=True, quote_given=True),
+    "branch": _branch,
+    "warehouse": _absolute_path,
+    "catalog": _as_given,
+    "partition_by": _text_or_none,
+    "sort_by": _text_or_none,
+    "target_file_size_bytes": _integer(),
+    "progress": lambda name, raw: bool_option(name, raw),
+    "merge_schema": lambda name, raw: bool_option(name, raw),
+    "evolve_partition": lambda name, raw: bool_option(name, raw),
+    "history": lambda name, raw: bool_option(name, raw),
+    "track_history_columns": _columns(),
+    "track_history_except_columns": _columns(),
+    "txn_app_id": _unchecked,
+    "txn_version": _unchecked,
+    "format_version": _integer(allowed=(2, 3)),
+    "primary_key": _columns(example="'id' or 'tenant,id'", unique=True),
+    "delete_ops": _delete_markers,
+    "op_column": _stripped_if_given,
+    "index_dir": _stripped_if_given,
+    "unavailable_value": _placeholder,
+    "sequence_column": _sequence_columns,
+}
+_DEFAULTS = {"warehouse": DEFAULT_WAREHOUSE}  # options parsed even when not given
+_TABLE_REQUIRED = (
+    "option 'table' is required: the Iceberg table as 'namespace.table', e.g. "
+    "df.write.format('lakesink').mode('append').save('ns.t') or writeStream.format('lakesink').start('ns.t'). "
+    "saveAsTable, toTable and writeTo go through Spark's catalog, which passes a Python data source no "
+    "options: use save()/start() instead. For SQL, Spark does not forward CREATE TABLE ... OPTIONS to "
+    "INSERT for Python data sources; write INSERT INTO t WITH ('table' = 'ns.t', 'warehouse' = '...') SELECT ..."
+)
+
+
+class _Given(msgspec.Struct):
+    """Spark's option map sorted by kind: named options (aliases resolved, lower case),
+    prefixed properties, and what Spark itself passes."""
+
+    values: dict[str, str] = {}
+    catalog_properties: dict[str, str] = {}
+    table_properties: dict[str, str] = {}
+    snapshot_properties: dict[str, str] = {}
+    checkpoint: str | None = None
+    query_name: str | None = None
+
+
+def _property_name(key: str, prefix: str, example: str) -> str:
+    prop = key[len(prefix) :]
+    if not prop:
+        raise OptionError(f"option '{prefix}' needs {example}")
+    return prop
+
+
+def _sort(raw: Mapping[str, str]) -> _Given:
+    given = _Given()
+    for key, value in raw.items():
+        name = key.lower()
+        if name.startswith("catalog."):
+            given.catalog_properties[_property_name(key, "catalog.", "a property name, e.g. 'catalog.uri'").lower()] = value
+        elif name.startswith("property."):
+            # Iceberg property names are lower case by convention; Spark lower-cases option
+            # names anyway, so the key is taken as given in lower case.
+            prop = _property_name(name, "property.", "a table property name, e.g. 'property.write.target-file-size-bytes'")
+            given.table_properties[prop] = value
+        elif name.startswith("snapshot_property."):
+            prop = _property_name(name, "snapshot_property.", "a key, e.g. 'snapshot_property.source-offset'")
+            if prop in _RESERVED_SUMMARY_KEYS or prop.startswith("lakesink.") or prop.startswith("spark.sql.streaming."):
+                raise OptionError(
+                    f"option 'snapshot_property.{prop}': {prop!r} is a summary key Iceberg or lakesink sets itself; "
+                    "choose another key"
+                )
+            given.snapshot_properties[prop] = value
+        elif name == _CHECKPOINT:
+            given.checkpoint = value.strip() or given.checkpoint
+        elif name == _QUERY_NAME:
+            given.query_name = value.strip() or given.query_name
+        else:
+            name = _ALIASES.get(name, name)
+            if name not in _OPTIONS:
+                raise OptionError(f"unknown option '{key}'{_did_you_mean(name)} (valid options: {_valid_names()})")
+            if name in given.values and given.values[name] != value:
+                raise OptionError(f"option '{name}' given twice with different values ({given.values[name]!r}, {value!r})")
+            given.values[name] = value
+    return given
+
+
+# Checks across options, in the order they run: each gets the parsed fields and the texts.
+def _check_replace_where(fields: dict[str, object], _values: Mapping[str, str]) -> None:
+    if fields.get("replace_where") is not None and fields.get("overwrite_mode") == "dynamic":
         raise OptionError(
             "options 'replace_where' and 'overwrite_mode' = 'dynamic' exclude each other: the first replaces the rows "
             "matching a filter, the second the partitions the DataFrame writes to; give one"
         )
-    new_checkpoint = values.get("new_checkpoint", "").strip().lower() or None
-    if new_checkpoint is not None and new_checkpoint not in NEW_CHECKPOINT_MODES:
-        raise OptionError(
-            f"option 'new_checkpoint' must be one of {', '.join(NEW_CHECKPOINT_MODES)}, got {values['new_checkpoint']!r}"
-        )
-    branch = values.get("branch", "").strip() or None
-    if branch is not None and not branch.isprintable():
-        raise OptionError(f"option 'branch' must be a printable name, got {branch!r}")
-    try:
-        validate_properties(table_properties)
-    except PropertyError as exc:
-        raise OptionError(f"option 'property.{exc.name}': {exc}") from None
 
-    kwargs: dict[str, object] = {
-        "table": table,
-        # Made absolute here, on the driver: executors and the commit process may run
-        # with another working directory.
-        "warehouse": os.path.abspath(values.get("warehouse", DEFAULT_WAREHOUSE)),
-        "catalog": values.get("catalog"),
-        "catalog_properties": catalog_properties,
-        "partition_by": values.get("partition_by") or None,
-        "sort_by": values.get("sort_by") or None,
-        "operation": operation,
-        "maintenance": maintenance,
-        "table_properties": table_properties,
-        "snapshot_properties": snapshot_properties,
-        "overwrite_mode": overwrite_mode,
-        "replace_where": replace_where,
-        "branch": None if branch == "main" else branch,
-        # Made absolute on the driver, where Spark resolves it too.
-        "checkpoint_location": None if checkpoint is None else (checkpoint if "://" in checkpoint else os.path.abspath(checkpoint)),
-        "query_name": query_name,
-        "new_checkpoint": new_checkpoint,
-    }
-    if "target_file_size_bytes" in values:
-        kwargs["target_file_size_bytes"] = int_option("target_file_size_bytes", values["target_file_size_bytes"])
-    if "progress" in values:
-        kwargs["progress"] = bool_option("progress", values["progress"])
-    if "merge_schema" in values:
-        kwargs["merge_schema"] = bool_option("merge_schema", values["merge_schema"])
-    if "evolve_partition" in values:
-        kwargs["evolve_partition"] = bool_option("evolve_partition", values["evolve_partition"])
-    if "history" in values:
-        kwargs["history"] = bool_option("history", values["history"])
-    tracked = {n: _csv(values[n]) for n in ("track_history_columns", "track_history_except_columns") if n in values}
+
+def _check_tracked_history(fields: dict[str, object], _values: Mapping[str, str]) -> None:
+    tracked = [n for n in ("track_history_columns", "track_history_except_columns") if n in fields]
     if len(tracked) == 2:
         raise OptionError(
             "options 'track_history_columns' and 'track_history_except_columns' exclude each other: name the columns "
             "whose changes start a version, or those whose changes do not"
         )
-    for name, columns in tracked.items():
-        if not kwargs.get("history"):
-            raise OptionError(f"option '{name}' applies to history tables: give history=true too")
-        if not columns:
-            raise OptionError(f"option '{name}' names no column, got {values[name]!r}")
-        kwargs[name] = columns
+    if tracked and not fields.get("history"):
+        raise OptionError(f"option '{tracked[0]}' applies to history tables: give history=true too")
+
+
+def _check_idempotent_write(fields: dict[str, object], values: Mapping[str, str]) -> None:
     app_id, version = values.get("txn_app_id", "").strip(), values.get("txn_version")
+    fields.pop("txn_app_id", None)
+    fields.pop("txn_version", None)
     if bool(app_id) != (version is not None):
         given, missing = ("txn_app_id", "txn_version") if app_id else ("txn_version", "txn_app_id")
         raise OptionError(
@@ -340,33 +396,33 @@ def parse_options(raw: Mapping[str, str]) -> WriteOptions:
             "(a write whose txn_version is not above the last one committed for its txn_app_id is skipped)"
         )
     if app_id:
-        kwargs["txn_app_id"] = app_id
-        kwargs["txn_version"] = int_option("txn_version", str(version), minimum=0)
-    if "format_version" in values:
-        kwargs["format_version"] = int_option("format_version", values["format_version"], allowed=(2, 3))
-    if "primary_key" in values:
-        key_columns = _csv(values["primary_key"])
-        if not key_columns:
-            raise OptionError(f"option 'primary_key' names no column, got {values['primary_key']!r}: give e.g. 'id' or 'tenant,id'")
-        repeated = sorted({c for c in key_columns if [k.lower() for k in key_columns].count(c.lower()) > 1})
-        if repeated:
-            raise OptionError(f"option 'primary_key' names {', '.join(repeated)} more than once")
-        kwargs["primary_key"] = key_columns
-    if "delete_ops" in values:
-        ops = _csv(values["delete_ops"])
-        if not ops:
-            raise OptionError("option 'delete_ops' must list at least one delete marker")
-        kwargs["delete_ops"] = ops
-    for name in ("op_column", "index_dir"):
-        if values.get(name):
-            kwargs[name] = values[name].strip()
-    if values.get("unavailable_value"):
-        placeholder_bytes(values["unavailable_value"])  # checked here, used by the keyed writer
-        kwargs["unavailable_value"] = values["unavailable_value"]
-    if values.get("sequence_column", "").strip():
-        sequence = _csv(values["sequence_column"])
-        repeated = sorted({c for c in sequence if [s.lower() for s in sequence].count(c.lower()) > 1})
-        if repeated:
-            raise OptionError(f"option 'sequence_column' names {', '.join(repeated)} more than once")
-        kwargs["sequence_column"] = sequence
-    return msgspec.convert(kwargs, WriteOptions)
+        fields["txn_app_id"] = app_id
+        fields["txn_version"] = int_option("txn_version", str(version), minimum=0)
+
+
+_CROSS_CHECKS = (_check_replace_where, _check_tracked_history, _check_idempotent_write)
+
+
+def parse_options(raw: Mapping[str, str]) -> WriteOptions:
+    """Validate Spark's option map into WriteOptions; raise OptionError naming the option."""
+    given = _sort(raw)
+    if "table" not in given.values:
+        raise OptionError(_TABLE_REQUIRED)
+    texts = {**_DEFAULTS, **given.values}
+    fields = {name: parse(name, texts[name]) for name, parse in _OPTIONS.items() if name in texts}
+    for check in _CROSS_CHECKS:
+        check(fields, texts)
+    try:
+        validate_properties(given.table_properties)
+    except PropertyError as exc:
+        raise OptionError(f"option 'property.{exc.name}': {exc}") from None
+    checkpoint = given.checkpoint
+    fields |= {
+        "catalog_properties": given.catalog_properties,
+        "table_properties": given.table_properties,
+        "snapshot_properties": given.snapshot_properties,
+        # Made absolute on the driver, where Spark resolves it too.
+        "checkpoint_location": None if checkpoint is None else (checkpoint if "://" in checkpoint else os.path.abspath(checkpoint)),
+        "query_name": given.query_name,
+    }
+    return msgspec.convert(fields, WriteOptions)

@@ -15,10 +15,12 @@ and every worker forked from it starts with them. It reaches the driver-side dae
 planning, commit) as well as the executors', which `spark.python.daemon.module` does not.
 Anything else the script is asked to run is handed to the interpreter unchanged.
 
-Only modules are imported here: no thread, file or connection is opened, so the fork stays
-as safe as Spark's own daemon (pyspark/daemon.py imports worker modules after the fork
-because pandas and pyarrow may start threads at import; neither does at the imports below,
-which `tests/unit/test_preload.py` checks by counting the daemon's threads).
+Only modules are imported here: no file or connection is opened. Spark's own daemon imports
+worker modules only after each fork, because pandas and pyarrow may start threads at import.
+At these imports two native threads start: jemalloc's background thread (pyarrow) and
+OpenBLAS's thread server (numpy); both libraries hold their locks across a fork by their own
+fork handlers, so a forked worker starts clean (lakesink's worker_daemon has relied on the same
+since it was added; tests/integration/test_exactly_once.py runs streams through both).
 """
 
 from __future__ import annotations

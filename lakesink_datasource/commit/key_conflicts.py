@@ -115,12 +115,25 @@ def redecide(
     as they apply to `base` (after the rebase onto compactions)."""
     if not len(touched):
         return Redecision()
+    theirs = _rows_written_since(io, base, planned_snapshot_id, touched, rules, own={f.file_path for f in added})
+    if not theirs.keys:
+        return Redecision()
+    for check in _DECIDABLE:
+        check(rules)
+    shared = set(theirs.keys)
+    return _decide(theirs, _our_rows(io, rules, added, pending, shared), rules, base)
+
+
+def _rows_written_since(
+    io: FileIO, base: TableMetadata, planned_snapshot_id: int | None, touched: np.ndarray, rules: KeyRules, own: set[str]
+) -> _Rows:
+    """The live rows (and, sequenced, the deletes) of keys in `touched` that commits after
+    the planned snapshot wrote, oldest commit first; `own`: the batch's own files, skipped."""
+    theirs = _Rows()
     newest_first, _found = snapshots_after(base, planned_snapshot_id)
     if not newest_first:
-        return Redecision()
-    own = {f.file_path for f in added}
+        return theirs
     state = _BaseFiles(io, base)
-    theirs = _Rows()
     written_since: set[str] = set()
     tombstone_files: list[tuple[str, int]] = []
     for snapshot in reversed(newest_first):
@@ -156,20 +169,35 @@ def redecide(
     if rules.sequenced:
         for path, order in tombstone_files:
             _add_deletes(theirs, _read_keys_in(io, path, rules, touched, sequenced=True), order, sequenced=True)
-    if not theirs.keys:
-        return Redecision()
+    return theirs
+
+
+# What makes keys another commit also wrote undecidable at commit, checked in this order once
+# such keys are found (equality deletes are refused while the commits are read).
+def _refuse_history(rules: KeyRules) -> None:
     if rules.history:
         raise _undecidable(
             None, "the table keeps history, and the versions each commit wrote for those keys cannot be merged at commit "
             "(each ended the version the other also ended)"
         )
+
+
+def _refuse_unstored_sequence(rules: KeyRules) -> None:
     if rules.sequenced and not rules.sequence:
         raise _undecidable(
             None, "the table does not store the sequence column, so the other commit's sequences are unknown "
             "(keep the sequence column in the table to let lakesink decide such keys at commit)"
         )
-    shared = set(theirs.keys)
-    # This batch's side of the shared keys only: a much smaller filter than every key it touched.
+
+
+_DECIDABLE: tuple[Callable[[KeyRules], None], ...] = (_refuse_history, _refuse_unstored_sequence)
+
+
+def _our_rows(
+    io: FileIO, rules: KeyRules, added: Sequence[DataFile], pending: Mapping[str, PendingDeletes], shared: set[bytes]
+) -> _Rows:
+    """This batch's side of the `shared` keys: its live rows, its tombstones and deletes."""
+    # Filtered by the shared keys only: a much smaller filter than every key the batch touched.
     narrowed = np.unique(key_hashes(list(shared)))
     ours = _Rows()
     for f in added:
@@ -179,7 +207,7 @@ def redecide(
         _add_deletes(ours, _only(_read_keys_in(io, path, rules, narrowed, sequenced=True), shared), _NEVER, sequenced=True)
     for path in rules.deleted_keys:
         _add_deletes(ours, _only(_read_keys_in(io, path, rules, narrowed, sequenced=False), shared), _NEVER, sequenced=False)
-    return _decide(theirs, ours, rules, base)
+    return ours
 
 
 class _BaseFiles:

@@ -3,8 +3,9 @@
 usage: stream_child.py SOURCE CHECKPOINT WAREHOUSE TABLE [extra option=value ...]
 Runs the query with trigger(availableNow=True), one input file per micro-batch; with
 route=N the rows go through cluster_by_key(df, "id", shards=N, **options). The environment's
-STREAM_CHILD_SPARK_CONF ("key=value;...") adds session settings; with it, the job prints the
-Python daemons it left running (their command lines) before it stops.
+STREAM_CHILD_SPARK_CONF ("key=value;...") adds session settings and STREAM_CHILD_PYSPARK_PYTHON
+sets Spark's Python; with either, the job prints the Python daemons it left running (their
+command lines, and whether each has pyarrow loaded) before it stops.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_PYTHON"] = os.environ.get("STREAM_CHILD_PYSPARK_PYTHON") or sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 
@@ -52,23 +53,34 @@ def main(source: str, checkpoint: str, warehouse: str, table: str, *extra: str) 
         writer = df.writeStream.format("lakesink").options(**options)
     query = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
     query.awaitTermination()
-    if os.environ.get("STREAM_CHILD_SPARK_CONF"):
+    if os.environ.get("STREAM_CHILD_SPARK_CONF") or os.environ.get("STREAM_CHILD_PYSPARK_PYTHON"):
         print("daemons:", *_python_daemons(), sep="\n")
     spark.stop()
 
 
 def _python_daemons() -> list[str]:
-    """The command lines of the Python daemons running now (Spark keeps them until it stops)."""
-    found = []
+    """The Python daemons of this job running now (Spark keeps them until it stops): each
+    one's command line, then " | pyarrow loaded" when the daemon itself has pyarrow's library
+    mapped (Spark's own daemon imports its worker modules only in the workers it forks). A
+    forked worker shares its daemon's command line; it is told apart by its parent."""
+    session = os.getsid(0)
+    lines = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
+            if os.getsid(int(pid)) != session:
+                continue  # another job's
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 words = f.read().decode(errors="replace").split("\0")
-        except OSError:
+            with open(f"/proc/{pid}/stat") as f:
+                parent = f.read().rsplit(")", 1)[1].split()[1]
+            with open(f"/proc/{pid}/maps") as f:
+                arrow = "libarrow" in f.read()
+        except (OSError, ProcessLookupError):
             continue
         if "-m" in words and any(w.endswith("daemon") for w in words):
-            found.append(" ".join(words).strip())
-    return found
+            lines[pid] = (parent, " ".join(words).strip(), arrow)
+    return [line + (" | pyarrow loaded" if arrow else "") for parent, line, arrow in lines.values()
+            if parent not in lines or lines[parent][1] != line]
 
 
 if __name__ == "__main__":
