@@ -55,9 +55,9 @@ SET=(
   "$I/test_stream_read.py::test_the_change_feed_of_a_cdc_table_replays_every_later_snapshot"
   "$I/test_metadata_tables.py::test_a_view_over_snapshots_answers_sql"
   "$I/test_metadata_tables.py::test_lakesink_history_has_each_batch_s_figures"
-  "$I/test_key_routing.py::test_the_replayed_hashes_equal_sparks"
-  "$I/test_key_routing.py::test_a_routed_batch_write_gives_each_task_one_shard"
-  "$I/test_key_routing.py::test_a_routed_upsert_stream_writes_every_value_exactly_and_each_host_holds_its_shards"
+  "$I/test_key_clustering.py::test_the_replayed_hashes_equal_sparks"
+  "$I/test_key_clustering.py::test_a_routed_batch_write_gives_each_task_one_shard"
+  "$I/test_key_clustering.py::test_a_routed_upsert_stream_writes_every_value_exactly_and_each_host_holds_its_shards"
   "$I/test_debezium_types.py" "$I/test_batch_sink.py" "$I/test_demo.py" "$I/test_found_by_name.py"
   "$I/test_pipeline_example.py"
   tests/unit/test_spark_rows.py tests/unit/test_spark_version.py tests/unit/test_pyspark_module.py

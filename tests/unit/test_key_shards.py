@@ -1,7 +1,7 @@
 """Key shards (issue 36): a host holds and updates only the shards its tasks get.
 
 Rows are routed as `cluster_by_key` routes them (the route value Spark would compute,
-here from the Python replica of its hash, which tests/integration/test_key_routing.py
+here from the Python replica of its hash, which tests/integration/test_key_clustering.py
 checks against Spark itself), each shard's task runs the production path (plan_write ->
 write_task -> commit_write) on a host (an index directory) that may change from batch to
 batch, as when an executor is lost, and the table is compared with the dict model of
