@@ -303,6 +303,7 @@ _OPTIONS: dict[str, _Parser] = {
     "unavailable_value": _placeholder,
     "sequence_column": _sequence_columns,
 }
+OPTION_NAMES = frozenset(_OPTIONS)  # every named write option (docs/options.md lists each)
 _DEFAULTS = {"warehouse": DEFAULT_WAREHOUSE}  # options parsed even when not given
 _TABLE_REQUIRED = (
     "option 'table' is required: the Iceberg table as 'namespace.table', e.g. "

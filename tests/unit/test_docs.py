@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from lakesink_datasource.options import _SIMPLE, MAINTENANCE_MODES
+from lakesink_datasource.options import MAINTENANCE_MODES, OPTION_NAMES
 from lakesink_datasource.read.options import _READ
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_every_write_and_read_option_is_in_the_options_reference() -> None:
     reference = (ROOT / "docs" / "options.md").read_text()
-    missing = sorted(name for name in _SIMPLE | _READ if f"`{name}`" not in reference)
+    missing = sorted(name for name in OPTION_NAMES | _READ if f"`{name}`" not in reference)
     assert not missing, f"docs/options.md does not document: {missing}"
     assert all(f"`{mode}`" in reference for mode in MAINTENANCE_MODES)
 
