@@ -13,7 +13,10 @@ batch, and each would import its share of lakesink again. With the `lakesink-pyt
 each daemon imports, before it starts forking, the lakesink modules its worker module runs,
 and every worker forked from it starts with them. It reaches the driver-side daemons (write
 planning, commit) as well as the executors', which `spark.python.daemon.module` does not.
-Anything else the script is asked to run is handed to the interpreter unchanged.
+Anything else the script is asked to run is handed to the interpreter unchanged (the script,
+bin/lakesink-python, decides that before importing anything). Only writes are
+preloaded: the daemons that plan a read, run a streaming read's source or look sources up run
+as Spark's own do (their workers import what they need after the fork).
 
 Only modules are imported here: no file or connection is opened. Spark's own daemon imports
 worker modules only after each fork, because pandas and pyarrow may start threads at import.
@@ -79,16 +82,8 @@ def preload(worker_module: str) -> list[str]:
 def run_daemon(argv: Sequence[str]) -> None:
     """`python -m pyspark.daemon *argv`, after importing what its workers will run."""
     worker_module = argv[0] if argv and argv[0].startswith("pyspark") else "pyspark.worker"
+    sys.path[0] = os.getcwd()  # as `python -m` sets it (the script's folder otherwise)
     preload(worker_module)
     sys.argv = ["pyspark.daemon", *argv]
-    sys.path[0] = os.getcwd()  # as `python -m` sets it (the script's folder otherwise)
     runpy.run_module("pyspark.daemon", run_name="__main__", alter_sys=True)
 
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """The `lakesink-python` entry point: a daemon preloaded, anything else exec'd unchanged."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args[:2] == ["-m", "pyspark.daemon"]:
-        run_daemon(args[2:])
-    else:
-        os.execv(sys.executable, [sys.executable, *args])

@@ -9,8 +9,10 @@ workers run; an interpreter of another version ignores them and compiles as befo
 
     python scripts/compile_pyspark_zip.py [SPARK_HOME]      (default: the pyspark installed here)
 
-Run it with the workers' interpreter, on every host, after each Spark upgrade. The original
-zip is kept beside it as pyspark.zip.orig (put it back to undo).
+Run it with the workers' interpreter, on every host, with no Spark application running (a
+running daemon reads the zip it opened), and again after each Spark upgrade. Spark's own zip is
+kept beside it as pyspark.zip.orig (put it back to undo); a zip Spark replaced since the last
+run is recognised (the rebuilt one carries a marker entry) and becomes the new original.
 """
 
 from __future__ import annotations
@@ -23,13 +25,21 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+MARKER = "pyspark.zip.compiled"  # an entry the rebuilt zip carries, telling it from Spark's own
+
 
 def rebuild(spark_home: Path) -> Path:
-    original = spark_home / "python" / "lib" / "pyspark.zip"
-    backup = original.with_name("pyspark.zip.orig")
-    if not backup.exists():
-        shutil.copy2(original, backup)
-    with tempfile.TemporaryDirectory() as work:
+    zip_path = spark_home / "python" / "lib" / "pyspark.zip"
+    backup = zip_path.with_name("pyspark.zip.orig")
+    with zipfile.ZipFile(zip_path) as z:
+        compiled = MARKER in z.namelist()
+    if not compiled:
+        # Spark's own zip (a first run, or a Spark upgrade since the last): it is the source,
+        # and the backup an older one may have left must not be rebuilt in its place.
+        shutil.copy2(zip_path, backup)
+    elif not backup.exists():
+        raise SystemExit(f"{zip_path} is already compiled and {backup} is gone: reinstall Spark's zip first")
+    with tempfile.TemporaryDirectory(dir=zip_path.parent) as work:
         source, rebuilt = Path(work) / "src", Path(work) / "pyspark.zip"
         with zipfile.ZipFile(backup) as z:
             z.extractall(source)
@@ -41,15 +51,17 @@ def rebuild(spark_home: Path) -> Path:
                 out.write(path, name)
                 if path.suffix == ".py":
                     try:
-                        # Unchecked hash: zipimport then takes the .pyc without comparing
-                        # timestamps, which a zip keeps only to two seconds.
-                        pyc = py_compile.compile(str(path), cfile=str(path) + "c", doraise=True,
+                        # Unchecked hash: zipimport takes the .pyc without comparing timestamps,
+                        # which a zip keeps only to two seconds. dfile: tracebacks (and PySpark's
+                        # own frame filtering) name the module inside the zip, as from source.
+                        pyc = py_compile.compile(str(path), cfile=str(path) + "c", dfile=f"{zip_path}/{name}", doraise=True,
                                                  invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
                     except py_compile.PyCompileError:
                         continue  # a module this Python cannot compile: left to the source
                     out.write(pyc, name + "c")
-        shutil.move(str(rebuilt), original)
-    return original
+            out.writestr(MARKER, f"compiled by Python {sys.version.split()[0]} from {backup.name}\n")
+        os.replace(rebuilt, zip_path)  # same directory: the zip is swapped whole, never half-written
+    return zip_path
 
 
 def main(argv: list[str]) -> int:

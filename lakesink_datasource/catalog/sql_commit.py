@@ -10,7 +10,7 @@ the table it already holds: the base it built the commit on *is* the current sta
 when the catalog row still points at the base's metadata file, which is what the UPDATE's
 WHERE clause checks, atomically, as pyiceberg's does. Loads ask the catalog row for the
 metadata location and reuse the table parsed last time when it has not moved. Any other
-catalog goes through pyiceberg as before.
+catalog goes through pyiceberg's own commit.
 """
 
 from __future__ import annotations

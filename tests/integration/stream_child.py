@@ -5,7 +5,7 @@ Runs the query with trigger(availableNow=True), one input file per micro-batch; 
 route=N the rows go through cluster_by_key(df, "id", shards=N, **options). The environment's
 STREAM_CHILD_SPARK_CONF ("key=value;...") adds session settings and STREAM_CHILD_PYSPARK_PYTHON
 sets Spark's Python; with either, the job prints the Python daemons it left running (their
-command lines, and whether each has pyarrow loaded) before it stops.
+command lines, and whether each has lakesink's modules loaded) before it stops.
 """
 
 from __future__ import annotations
@@ -60,9 +60,10 @@ def main(source: str, checkpoint: str, warehouse: str, table: str, *extra: str) 
 
 def _python_daemons() -> list[str]:
     """The Python daemons of this job running now (Spark keeps them until it stops): each
-    one's command line, then " | pyarrow loaded" when the daemon itself has pyarrow's library
-    mapped (Spark's own daemon imports its worker modules only in the workers it forks). A
-    forked worker shares its daemon's command line; it is told apart by its parent."""
+    one's command line, then " | lakesink loaded" when the daemon itself has msgspec's library
+    mapped (every lakesink role imports msgspec, PySpark never does; Spark's own daemon imports
+    its worker modules only in the workers it forks). A forked worker shares its daemon's
+    command line; it is told apart by its parent."""
     session = os.getsid(0)
     lines = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -74,12 +75,12 @@ def _python_daemons() -> list[str]:
             with open(f"/proc/{pid}/stat") as f:
                 parent = f.read().rsplit(")", 1)[1].split()[1]
             with open(f"/proc/{pid}/maps") as f:
-                arrow = "libarrow" in f.read()
+                loaded = "/msgspec/" in f.read()
         except (OSError, ProcessLookupError):
             continue
         if "-m" in words and any(w.endswith("daemon") for w in words):
-            lines[pid] = (parent, " ".join(words).strip(), arrow)
-    return [line + (" | pyarrow loaded" if arrow else "") for parent, line, arrow in lines.values()
+            lines[pid] = (parent, " ".join(words).strip(), loaded)
+    return [line + (" | lakesink loaded" if loaded else "") for parent, line, loaded in lines.values()
             if parent not in lines or lines[parent][1] != line]
 
 

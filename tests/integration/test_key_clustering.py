@@ -274,8 +274,8 @@ def test_a_routed_batch_write_gives_each_task_one_shard(spark, tmp_path: Path, w
         (("id",), {"operation": "append"}, r"cluster_by_key is for keyed writes: give operation='upsert'"),
         (("id",), {"primary_key": "name"}, r"the key columns \(id\) differ from option 'primary_key' \(name\)"),
         (("x",), {"primary_key": "x"}, r"primary key column 'x' has type double, which cannot be a key"),  # the writer's own
-        (("big",), {"primary_key": "big"}, r"key column 'big' has type decimal\(20, 0\), which cannot be routed"),
-        (("id",), {"merge_schema": "true"}, r"merge_schema and evolve_partition are not supported on a routed stream"),
+        (("big",), {"primary_key": "big"}, r"key column 'big' has type decimal\(20, 0\), which cannot be clustered"),
+        (("id",), {"merge_schema": "true"}, r"merge_schema and evolve_partition are not supported on a clustered stream"),
         (("id",), {"shards": 3}, r"shards=3 exceeds spark.sql.shuffle.partitions=2"),
         (("id",), {"operaton": "upsert"}, r"unknown option 'operaton'; did you mean 'operation'"),
     ],

@@ -208,7 +208,7 @@ CONFIGS = [Config("cdc", "bucket(2, id)", True), Config("upsert", None, False), 
 @settings(max_examples=examples(12), deadline=None)
 @given(data=st.data())
 def test_routed_batches_on_moving_shards_match_the_model(config: Config, data: st.DataObject) -> None:
-    """Shards run on two hosts and move between them; unrouted writes and compactions land
+    """Shards run on two hosts and move between them; unclustered writes and compactions land
     between routed batches, or an unrouted batch on the same keys commits beside a routed one
     (either first). The table matches the model (in commit order) after every batch, and no
     shard's index holds another shard's key."""

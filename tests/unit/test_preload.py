@@ -7,6 +7,7 @@ otherwise only show as a slower batch)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -32,6 +33,7 @@ def test_anything_but_a_daemon_runs_in_the_plain_interpreter_without_lakesink(tm
 
 @pytest.mark.parametrize("worker_module", sorted(MODULES_FOR_WORKER))
 def test_each_worker_module_s_preload_imports_what_it_names(worker_module: str) -> None:
+    assert importlib.util.find_spec(worker_module) is not None, f"PySpark has no {worker_module}: Spark never asks for it"
     code = (
         "import json, sys\nfrom lakesink_datasource.preload import preload\n"
         f"names = preload({worker_module!r})\n"
