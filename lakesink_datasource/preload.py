@@ -83,7 +83,13 @@ def run_daemon(argv: Sequence[str]) -> None:
     """`python -m pyspark.daemon *argv`, after importing what its workers will run."""
     worker_module = argv[0] if argv and argv[0].startswith("pyspark") else "pyspark.worker"
     sys.path[0] = os.getcwd()  # as `python -m` sets it (the script's folder otherwise)
-    preload(worker_module)
+    try:
+        preload(worker_module)
+    except Exception as exc:  # noqa: BLE001  # the daemon serves every Python job of the session
+        # A lakesink that cannot import here (a missing dependency, an unsupported pyiceberg)
+        # must not take Spark's daemon down with it: its workers then import it themselves,
+        # after the fork, and a lakesink write fails there with lakesink's own error.
+        print(f"lakesink-python: nothing preloaded for {worker_module}: {exc!r}", file=sys.stderr)
     sys.argv = ["pyspark.daemon", *argv]
     runpy.run_module("pyspark.daemon", run_name="__main__", alter_sys=True)
 

@@ -43,3 +43,21 @@ def test_each_worker_module_s_preload_imports_what_it_names(worker_module: str) 
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert json.loads(ran.stdout.strip().splitlines()[-1]) == []
     assert MODULES_FOR_WORKER[worker_module], "a worker module with nothing to preload need not be listed"
+
+
+def test_a_daemon_whose_preload_fails_still_starts(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The daemon serves every Python job of the session: a lakesink that cannot import there
+    leaves it to the workers (which then fail a lakesink write with lakesink's own error)."""
+    from lakesink_datasource import preload
+
+    def broken(_worker_module: str) -> list[str]:
+        raise ImportError("pyiceberg 0.11 is installed; lakesink needs 0.12.0")
+
+    started: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(preload, "preload", broken)
+    monkeypatch.setattr(preload.runpy, "run_module", lambda name, **_: started.append((name, list(sys.argv))))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    preload.run_daemon(["pyspark.worker"])
+    assert started == [("pyspark.daemon", ["pyspark.daemon", "pyspark.worker"])]
+    assert "nothing preloaded for pyspark.worker" in capsys.readouterr().err
