@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 
 import msgspec
 
@@ -111,14 +112,14 @@ _QUERY_NAME = "queryname"
 
 
 def _valid_names() -> str:
-    return ", ".join(sorted(set(_OPTIONS) | {"catalog.<property>", "property.<table property>", "snapshot_property.<key>"}))
+    return ", ".join(sorted(OPTION_NAMES | {"catalog.<property>", "property.<table property>", "snapshot_property.<key>"}))
 
 
 def _did_you_mean(name: str) -> str:
-    return did_you_mean(name, set(_OPTIONS), _ALIASES)
+    return did_you_mean(name, OPTION_NAMES, _ALIASES)
 
 
-def did_you_mean(name: str, valid: set[str], aliases: Mapping[str, str]) -> str:
+def did_you_mean(name: str, valid: AbstractSet[str], aliases: Mapping[str, str]) -> str:
     """`; did you mean 'x'?` for the closest valid option (also across camelCase/snake_case);
     shared by the write and the read options."""
     snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
@@ -267,10 +268,6 @@ def _branch(_name: str, raw: str) -> str | None:
     return None if branch == "main" else branch
 
 
-def _unchecked(_name: str, raw: str) -> str:
-    return raw  # checked with its partner (_check_idempotent_write)
-
-
 # Every option a write takes by name (lower case), in the order they are checked, with its
 # parser. Prefixed options (catalog., property., snapshot_property.) and those Spark passes
 # (checkpointLocation, queryName) are read apart, in parse_options.
@@ -287,14 +284,14 @@ _OPTIONS: dict[str, _Parser] = {
     "partition_by": _text_or_none,
     "sort_by": _text_or_none,
     "target_file_size_bytes": _integer(),
-    "progress": lambda name, raw: bool_option(name, raw),
-    "merge_schema": lambda name, raw: bool_option(name, raw),
-    "evolve_partition": lambda name, raw: bool_option(name, raw),
-    "history": lambda name, raw: bool_option(name, raw),
+    "progress": bool_option,
+    "merge_schema": bool_option,
+    "evolve_partition": bool_option,
+    "history": bool_option,
     "track_history_columns": _columns(),
     "track_history_except_columns": _columns(),
-    "txn_app_id": _unchecked,
-    "txn_version": _unchecked,
+    "txn_app_id": _as_given,  # checked with its partner (_check_idempotent_write)
+    "txn_version": _as_given,
     "format_version": _integer(allowed=(2, 3)),
     "primary_key": _columns(example="'id' or 'tenant,id'", unique=True),
     "delete_ops": _delete_markers,
