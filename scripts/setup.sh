@@ -15,3 +15,7 @@ fi
 # compat: the project's folder on sys.path, where Spark's lookup of `pyspark_*` modules
 # (pkgutil.iter_modules) sees pyspark_lakesink; setuptools' default editable finder hides it.
 .venv/bin/python -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat
+# Spark's drivers start in half the time from a class archive of this venv's Spark, recorded
+# once by a small job (about a minute; kept while Spark and Java stay the same). The tests hand
+# it to every driver they start; without it they only start slower.
+.venv/bin/python scripts/spark_class_archive.py >/dev/null

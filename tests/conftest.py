@@ -18,6 +18,13 @@ from hypothesis import settings
 # and the fault-injection file must be known before the JVM and its workers start.
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+# Every Spark driver the tests start (this session's, each child job's, spark-submit's, the
+# Connect server's) maps the classes scripts/spark_class_archive.py recorded for this venv's
+# Spark instead of loading them from the jars: half of a driver's start (docs/deploy.md).
+# Without the archive (setup.sh not run) the drivers start as Spark ships them.
+_CLASS_ARCHIVE = Path(sys.prefix) / "lakesink-spark-classes.jsa"
+if _CLASS_ARCHIVE.exists() and "SPARK_SUBMIT_OPTS" not in os.environ:
+    os.environ["SPARK_SUBMIT_OPTS"] = f"-XX:SharedArchiveFile={_CLASS_ARCHIVE} -Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
 
 # `--hypothesis-profile=NAME` (read by hypothesis' plugin after this) overrides the default.
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
