@@ -6,12 +6,15 @@ twice. DuckDB and pyiceberg read the tables."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -74,11 +77,20 @@ def _port_in_use(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+@pytest.fixture
+def connect_port() -> Iterator[None]:
+    """spark-pipelines' local Connect server always takes port 15002 (PySpark 4.1 to 4.3):
+    this test in another test session (`.ci/run` runs two older minors' sets at once) waits
+    for that one's lock; any other holder of the port fails the test."""
+    with open(Path(tempfile.gettempdir()) / "lakesink-tests-port-15002.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _port_in_use(15002):
+            pytest.fail("port 15002 is in use (another Spark Connect server or pipeline run?): spark-pipelines run needs it")
+        yield
+
+
 @pytest.mark.child
-def test_the_example_pipeline_runs_reruns_and_refreshes_without_a_row_twice(tmp_path: Path) -> None:
-    if _port_in_use(15002):
-        # spark-pipelines' local Connect server always takes 15002 (PySpark 4.1 to 4.3).
-        pytest.fail("port 15002 is in use (another Spark Connect server or pipeline run?): spark-pipelines run needs it")
+def test_the_example_pipeline_runs_reruns_and_refreshes_without_a_row_twice(tmp_path: Path, connect_port: None) -> None:
     project, root = _project(tmp_path)
     warehouse = str(root / "warehouse")
 
