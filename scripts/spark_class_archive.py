@@ -10,10 +10,11 @@ made with; run again, it keeps an archive whose stamp still matches. tests/conft
 it to every driver the tests start (`SPARK_SUBMIT_OPTS`); docs/deploy.md gives the same
 recipe for scheduled jobs.
 
-    .venv/bin/python scripts/spark_class_archive.py        prints the archive's path
+    .venv/bin/python scripts/spark_class_archive.py            prints the archive's path
+    .venv/bin/python scripts/spark_class_archive.py --options  prints SPARK_SUBMIT_OPTS for it
 
-A failure to build leaves no archive (the tests then run without one, only slower) and exits 0
-after saying why on stderr.
+A job that fails or does not end within ten minutes leaves no archive (the tests then run
+without one, only slower): the script says why on stderr and exits 0, printing nothing.
 """
 
 from __future__ import annotations
@@ -27,8 +28,12 @@ from pathlib import Path
 
 ARCHIVE = Path(sys.prefix) / "lakesink-spark-classes.jsa"
 STAMP = ARCHIVE.with_suffix(".stamp")
-# Quiet when the archive does not fit (another JVM or class path): the run goes on unshared.
-USE_OPTIONS = "-Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
+
+
+def use_options(archive: Path) -> str:
+    """The driver's JVM options that map `archive`; quiet when it does not fit (another JVM
+    or class path), and the driver then starts unshared."""
+    return f"-XX:SharedArchiveFile={archive} -Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
 def java() -> str:
@@ -93,10 +98,14 @@ def build() -> Path | None:
     partial.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="lakesink-class-archive-") as work:
         env = dict(os.environ, SPARK_SUBMIT_OPTS=f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds=off -Xlog:cds+dynamic=off")
-        run = subprocess.run([sys.executable, __file__, "--job", work], env=env, capture_output=True, text=True, timeout=600)
-    if run.returncode != 0 or not partial.exists():
+        try:
+            run = subprocess.run([sys.executable, __file__, "--job", work], env=env, capture_output=True, text=True, timeout=600)
+            failed = f"the job exited {run.returncode}:\n{run.stderr[-2000:]}" if run.returncode != 0 else None
+        except subprocess.TimeoutExpired:
+            failed = "the job did not end within ten minutes"
+    if failed is not None or not partial.exists():
         partial.unlink(missing_ok=True)
-        print(f"lakesink: no Spark class archive (the job exited {run.returncode}):\n{run.stderr[-2000:]}", file=sys.stderr)
+        print(f"lakesink: no Spark class archive ({failed or 'the JVM wrote none'})", file=sys.stderr)
         return None
     os.replace(partial, ARCHIVE)
     STAMP.write_text(wanted)
@@ -109,4 +118,4 @@ if __name__ == "__main__":
     else:
         built = build()
         if built is not None:
-            print(built)
+            print(use_options(built) if sys.argv[1:2] == ["--options"] else built)
