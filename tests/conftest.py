@@ -13,6 +13,7 @@ from pathlib import Path
 import hypothesis_profiles  # noqa: F401  (registers the dev, ci and deep profiles)
 import pytest
 from hypothesis import settings
+from spark_classes import class_archive
 
 # Spark's Python workers must run this interpreter (the venv with pyarrow, lmdb, ...),
 # and the fault-injection file must be known before the JVM and its workers start.
@@ -22,9 +23,8 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 # Connect server's) maps the classes scripts/spark_class_archive.py recorded for this venv's
 # Spark instead of loading them from the jars: half of a driver's start (docs/deploy.md).
 # Without the archive (setup.sh not run) the drivers start as Spark ships them.
-_CLASS_ARCHIVE = Path(sys.prefix) / "lakesink-spark-classes.jsa"
-if _CLASS_ARCHIVE.exists() and "SPARK_SUBMIT_OPTS" not in os.environ:
-    os.environ["SPARK_SUBMIT_OPTS"] = f"-XX:SharedArchiveFile={_CLASS_ARCHIVE} -Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
+if class_archive.ARCHIVE.exists() and "SPARK_SUBMIT_OPTS" not in os.environ:
+    os.environ["SPARK_SUBMIT_OPTS"] = class_archive.use_options(class_archive.ARCHIVE)
 
 # `--hypothesis-profile=NAME` (read by hypothesis' plugin after this) overrides the default.
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))

@@ -176,9 +176,8 @@ def _as_text(kind: pa.DataType) -> pa.DataType:
 
 
 # JsonConverter (Jackson) writes a float's NaN and infinities as these texts; Arrow's reader
-# takes them as floats only unquoted, which Decimal's are when msgspec writes them as numbers.
-# Written back as bare tokens (Arrow's JSON reader takes NaN and infinities so); msgspec 0.23
-# refuses to write a non-finite Decimal as a number, so they are raw bytes, not Decimals.
+# takes them as floats only unquoted, so they are written back as raw tokens (msgspec 0.23
+# refuses to write a non-finite Decimal as a number).
 _FLOAT_TEXTS = {text: msgspec.Raw(text.encode()) for text in ("NaN", "Infinity", "-Infinity")}
 # One of those texts where a value (not a key) stands.
 _FLOAT_TEXT_VALUE = re.compile(rb'(?<=[:\[,])(\s*)"(?:NaN|-?Infinity)"(?=\s*[,\]}])')

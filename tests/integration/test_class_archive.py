@@ -5,19 +5,19 @@ started with it: the test session's own, which tests/conftest.py starts with the
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
+from spark_classes import class_archive
 
 
 def test_a_driver_started_with_the_recipe_maps_the_class_archive(spark) -> None:  # type: ignore[no-untyped-def]
-    archive = Path(sys.prefix) / "lakesink-spark-classes.jsa"
+    archive = class_archive.ARCHIVE
     if not archive.exists():
         if os.environ.get("LAKESINK_TEST_REQUIRE_SERVERS") or os.environ.get("CI"):
             pytest.fail(f"no {archive}: scripts/setup.sh builds it (scripts/spark_class_archive.py)")
         pytest.skip("no class archive: ./scripts/setup.sh builds it")
-    assert f"-XX:SharedArchiveFile={archive}" in os.environ.get("SPARK_SUBMIT_OPTS", "")
+    assert os.environ.get("SPARK_SUBMIT_OPTS") == class_archive.use_options(archive)
     pid = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getPid()
     maps = Path(f"/proc/{pid}/maps").read_text()
     # Mapped means used: a JVM that rejects the archive (another JVM, another class path)
