@@ -16,4 +16,6 @@ fi
 "$VENV/bin/python" -c "import pyspark, sys; v = pyspark.__version__; sys.exit(0 if v.startswith('$MINOR.') else 'installed PySpark ' + v)"
 # Its own Spark's class archive (scripts/spark_class_archive.py): the set's drivers start faster.
 "$VENV/bin/python" scripts/spark_class_archive.py >/dev/null
+# And its own pyspark.zip with bytecode (scripts/compile_pyspark_zip.py), as for .venv.
+"$VENV/bin/python" scripts/compile_pyspark_zip.py >/dev/null
 echo "$VENV"

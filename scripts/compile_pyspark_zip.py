@@ -22,6 +22,7 @@ import py_compile
 import shutil
 import sys
 import tempfile
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -50,18 +51,29 @@ def rebuild(spark_home: Path) -> Path:
                 name = path.relative_to(source).as_posix()
                 out.write(path, name)
                 if path.suffix == ".py":
-                    try:
-                        # Unchecked hash: zipimport takes the .pyc without comparing timestamps,
-                        # which a zip keeps only to two seconds. dfile: tracebacks (and PySpark's
-                        # own frame filtering) name the module inside the zip, as from source.
-                        pyc = py_compile.compile(str(path), cfile=str(path) + "c", dfile=f"{zip_path}/{name}", doraise=True,
-                                                 invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
-                    except py_compile.PyCompileError:
-                        continue  # a module this Python cannot compile: left to the source
-                    out.write(pyc, name + "c")
+                    pyc = _compiled(path, f"{zip_path}/{name}")
+                    if pyc is not None:
+                        out.write(pyc, name + "c")
             out.writestr(MARKER, f"compiled by Python {sys.version.split()[0]} from {backup.name}\n")
         os.replace(rebuilt, zip_path)  # same directory: the zip is swapped whole, never half-written
     return zip_path
+
+
+def _compiled(path: Path, shown_as: str) -> str | None:
+    """`path` compiled beside itself, or None for a module this Python cannot compile (left to
+    its source)."""
+    with warnings.catch_warnings():
+        # Spark's own sources warn (invalid escapes, `is` with a literal): not the user's to
+        # fix, and a worker compiling them from source warns the same.
+        warnings.simplefilter("ignore", SyntaxWarning)
+        try:
+            # Unchecked hash: zipimport takes the .pyc without comparing timestamps, which a zip
+            # keeps only to two seconds. dfile: tracebacks (and PySpark's own frame filtering)
+            # name the module inside the zip, as from source.
+            return py_compile.compile(str(path), cfile=str(path) + "c", dfile=shown_as, doraise=True,
+                                      invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+        except py_compile.PyCompileError:
+            return None
 
 
 def main(argv: list[str]) -> int:

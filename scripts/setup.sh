@@ -19,3 +19,7 @@ fi
 # once by a small job (about a minute; kept while Spark and Java stay the same). The tests hand
 # it to every driver they start; without it they only start slower.
 .venv/bin/python scripts/spark_class_archive.py >/dev/null
+# Spark's Python workers import pyspark from a zip with no bytecode, compiling it again in every
+# daemon Spark starts (half a second of CPU or more each): rebuilt once with bytecode, as
+# docs/deploy.md recommends to any deployment (seconds; Spark's own zip kept beside it).
+.venv/bin/python scripts/compile_pyspark_zip.py >/dev/null

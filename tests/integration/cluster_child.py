@@ -85,6 +85,8 @@ def main(master: str, warehouse: str, faults: str, scenario: str, out: str) -> N
         .config("spark.executorEnv.LAKESINK_FAULTS", faults)
         .config("spark.task.maxFailures", "4")
         .config("spark.sql.session.timeZone", "UTC")
+        # The JVM options tests/conftest.py gives every driver (the class archive, C1 only).
+        .config("spark.executor.extraJavaOptions", os.environ.get("SPARK_SUBMIT_OPTS", ""))
     )
     if scenario == "speculation":
         builder = builder.config("spark.speculation", "true")

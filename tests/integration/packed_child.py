@@ -9,6 +9,7 @@ micro-batch) into db.keyed; reports which Python the executors ran to OUT_JSON.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 
@@ -27,6 +28,8 @@ def main(master: str, archive: str, warehouse: str, source: str, checkpoint: str
         # The executors unpack the archive into ./environment and run its Python (PYSPARK_PYTHON
         # is ./environment/bin/python in this process's environment).
         .config("spark.archives", f"{archive}#environment")
+        # The JVM options tests/conftest.py gives every driver (the class archive, C1 only).
+        .config("spark.executor.extraJavaOptions", os.environ.get("SPARK_SUBMIT_OPTS", ""))
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
