@@ -105,7 +105,7 @@ def sql_catalog(request, tmp_path: Path) -> dict[str, str]:  # type: ignore[no-u
     return {"catalog": "c", "catalog.type": "sql", "catalog.uri": uri, "catalog.warehouse": warehouse}
 
 
-@pytest.mark.parametrize("sql_catalog", ["sqlite", "postgres"], indirect=True)
+@pytest.mark.parametrize("sql_catalog", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
 def test_a_table_the_catalog_lost_is_not_created_again_over_its_files(spark, tmp_path: Path, sql_catalog: dict[str, str]) -> None:
     """The catalog forgot db.t (restored from an old backup, dropped without purge): neither
     the stream that wrote it nor a batch write creates a new db.t at the same location;
