@@ -86,7 +86,7 @@ _LEFT_OUT = pytest.StashKey[int]()
 
 
 _UNGROUPED = ("pytest-xdist cannot group the tests on pytest 9.2 and later (pytest-xdist issue 1386): "
-              "install the pytest setup.cfg names (pip install -e '.[test]'), or run without -n")
+              "install the pytest version setup.cfg names (pip install -e '.[test]'), or run without -n")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -116,7 +116,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     if left_out:
         terminalreporter.write_line(
             f"lakesink: the fast set ran; {left_out} tests of the groups {', '.join(HEAVY)} were left out "
-            "(`pytest --all` runs every test, as .ci/run does)"
+            "(`pytest --all -n 2` runs every test, as .ci/run does)"
         )
 
 
