@@ -13,7 +13,7 @@ from pathlib import Path
 import hypothesis_profiles  # noqa: F401  (registers the dev, ci and deep profiles)
 import pytest
 from hypothesis import settings
-from spark_classes import class_archive
+from project_scripts import class_archive
 
 # Spark's Python workers must run this interpreter (the venv with pyarrow, lmdb, ...),
 # and the fault-injection file must be known before the JVM and its workers start.
@@ -218,4 +218,3 @@ def object_store() -> ObjectStore:
     s3 = {"s3.endpoint": f"{host}:8333", "s3.access-key-id": "admin", "s3.secret-access-key": "adminsecret",
           "s3.region": "us-east-1", "s3.path-style-access": "true"}
     return ObjectStore(s3, f"{host}:8181", f"{host}:9327/metrics")
-

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from spark_classes import class_archive
+from project_scripts import class_archive
 
 
 def test_a_driver_started_with_the_recipe_maps_the_class_archive(spark) -> None:  # type: ignore[no-untyped-def]

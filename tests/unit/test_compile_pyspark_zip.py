@@ -4,16 +4,12 @@ bytecode, and Spark's own zip stays recoverable."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location("compile_pyspark_zip", Path(__file__).parents[2] / "scripts" / "compile_pyspark_zip.py")
-assert _spec is not None and _spec.loader is not None
-compile_pyspark_zip = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(compile_pyspark_zip)
+from project_scripts import compile_pyspark_zip
 
 SOURCES = {
     "pyspark/__init__.py": "WHICH = 'spark'\n",
