@@ -67,6 +67,31 @@ def host_probe() -> dict[str, float]:
     return {"alone_s": round(alone, 3), "pair_s": round(pair, 3), "two_core_share": round(alone / pair, 2)}
 
 
+def bytecode_state() -> dict[str, str]:
+    """Whether the Python processes Spark starts import compiled code: lakesink's own modules
+    (a `.pyc` no older than each source: an editable install under PYTHONDONTWRITEBYTECODE has
+    none, and every worker compiles them again) and the `pyspark.zip` Spark puts first on their
+    path. A fresh process's figures move by tenths of a second with either."""
+    import importlib.util
+    import zipfile
+
+    import pyspark
+
+    sources = sorted((PROJECT_ROOT / "lakesink_datasource").rglob("*.py"))
+    compiled = 0
+    for source in sources:
+        cached = Path(importlib.util.cache_from_source(str(source)))
+        compiled += cached.exists() and cached.stat().st_mtime >= source.stat().st_mtime
+    zip_path = Path(pyspark.__file__).parent / "python" / "lib" / "pyspark.zip"
+    if zip_path.exists():
+        with zipfile.ZipFile(zip_path) as archive:
+            has_pyc = any(name.endswith(".pyc") for name in archive.namelist())
+        zip_state = "with bytecode" if has_pyc else "sources only (Spark's own)"
+    else:
+        zip_state = "not found"
+    return {"lakesink_datasource": f"{compiled} of {len(sources)} modules compiled", "pyspark.zip": zip_state}
+
+
 # --------------------------------------------------------------------------- configuration
 
 

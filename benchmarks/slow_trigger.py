@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.harness import log
+from benchmarks.harness import bytecode_state, log
 
 ROWS = 70_000
 LAKESINK_PYTHON = str(Path(sysconfig.get_path("scripts")) / "lakesink-python")
@@ -78,30 +78,37 @@ def main(trigger: int, batches: int, out: Path) -> int:
         if proc.returncode != 0:
             raise RuntimeError(f"{side} failed: {stderr[-3000:]}")
         results[side] = json.loads(stdout.strip().splitlines()[-1])
-    report = _report(results, trigger, batches, time.time() - started)
+    bytecode = bytecode_state()
+    report = _report(results, trigger, batches, time.time() - started, bytecode)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "slow_trigger.json").write_text(json.dumps({"trigger_s": trigger, "batches": batches, "rows": ROWS, "sides": results}, indent=1))
+    (out / "slow_trigger.json").write_text(json.dumps({"trigger_s": trigger, "batches": batches, "rows": ROWS, "bytecode": bytecode,
+                                                       "date": time.strftime("%Y-%m-%d"), "sides": results}, indent=1))
     (out / "SLOW-TRIGGER.md").write_text(report)
     log(f"wrote {out / 'SLOW-TRIGGER.md'}")
     print(report)
     return 0
 
 
-def _report(results: dict[str, list[dict]], trigger: int, batches: int, seconds: float) -> str:
+def _report(results: dict[str, list[dict]], trigger: int, batches: int, seconds: float, bytecode: dict[str, str]) -> str:
     floor = statistics.median(b["ms"] for b in results["null_stream"][1:]) / 1000
+    floor_mean = statistics.fmean(b["ms"] for b in results["null_stream"][1:]) / 1000
     lines = [
         f"# Slow triggers: batches {trigger} s apart\n",
         f"`python -m benchmarks slow-trigger --trigger {trigger} --batches {batches}`: {len(SIDES)} `local[2]` streams of {ROWS:,}-row "
         f"batches from the `rate` source, one process each, started {trigger // len(SIDES)} s apart ({seconds / 60:.0f} min). "
         "Spark closes a Python worker idle for 60 s, so every batch after the first forks its workers anew. Batch time is "
-        "Spark's `triggerExecution`; the first batch (a cold process) is apart.\n",
-        "| side | first batch (s) | later batches: median (s) | min-max (s) | median above null_stream (s) |",
-        "|---|---|---|---|---|",
+        "Spark's `triggerExecution`; the first batch (a cold process) is apart. "
+        f"{time.strftime('%Y-%m-%d')}; bytecode the Python workers import: " + "; ".join(f"{k} {v}" for k, v in bytecode.items()) + ".\n",
+        "Batches alternate between a fast and a slow kind on every side (the 60 s idle check falls on alternate sides of "
+        "the trigger), so the median of so few can land in either group: read the mean beside it.\n",
+        "| side | first batch (s) | later batches: median (s) | mean (s) | min-max (s) | median above null_stream (s) | mean above null_stream (s) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for side, seen in results.items():
         later = [b["ms"] / 1000 for b in seen[1:]]
-        median = statistics.median(later)
-        lines.append(f"| {side} | {seen[0]['ms'] / 1000:.2f} | {median:.2f} | {min(later):.2f}-{max(later):.2f} | {median - floor:+.2f} |")
+        median, mean = statistics.median(later), statistics.fmean(later)
+        lines.append(f"| {side} | {seen[0]['ms'] / 1000:.2f} | {median:.2f} | {mean:.2f} | {min(later):.2f}-{max(later):.2f} "
+                     f"| {median - floor:+.2f} | {mean - floor_mean:+.2f} |")
     for side, seen in results.items():
         lines.append(f"\n{side}, each batch (s): " + ", ".join(f"{b['ms'] / 1000:.2f}" for b in seen))
     return "\n".join(lines) + "\n"

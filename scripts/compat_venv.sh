@@ -18,4 +18,6 @@ fi
 "$VENV/bin/python" scripts/spark_class_archive.py >/dev/null
 # And its own pyspark.zip with bytecode (scripts/compile_pyspark_zip.py), as for .venv.
 "$VENV/bin/python" scripts/compile_pyspark_zip.py >/dev/null
+# And lakesink's own modules' bytecode for its Python (scripts/setup.sh says why).
+"$VENV/bin/python" -m compileall -q -j 0 lakesink_datasource pyspark_lakesink benchmarks >/dev/null
 echo "$VENV"

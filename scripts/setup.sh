@@ -23,3 +23,8 @@ fi
 # daemon Spark starts (half a second of CPU or more each): rebuilt once with bytecode, as
 # docs/deploy.md recommends to any deployment (seconds; Spark's own zip kept beside it).
 .venv/bin/python scripts/compile_pyspark_zip.py >/dev/null
+# An editable install leaves lakesink's own modules without bytecode, and where
+# PYTHONDONTWRITEBYTECODE is set (this machine's image sets it) no process writes any: every
+# Python worker Spark starts would compile the modules its role imports again (0.2-0.4 s of CPU
+# each, measured in docs/performance.md). Installing a wheel compiles them; so does this.
+.venv/bin/python -m compileall -q -j 0 lakesink_datasource pyspark_lakesink benchmarks >/dev/null
