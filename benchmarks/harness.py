@@ -92,6 +92,11 @@ def bytecode_state() -> dict[str, str]:
     return {"lakesink_datasource": f"{compiled} of {len(sources)} modules compiled", "pyspark.zip": zip_state}
 
 
+def bytecode_sentence(state: dict[str, str]) -> str:
+    """`bytecode_state()` as the sentence a results file carries."""
+    return "Bytecode the Python workers import: " + "; ".join(f"{k} {v}" for k, v in state.items()) + "."
+
+
 # --------------------------------------------------------------------------- configuration
 
 

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.harness import bytecode_state, log
+from benchmarks.harness import bytecode_sentence, bytecode_state, log
 
 ROWS = 70_000
 LAKESINK_PYTHON = str(Path(sysconfig.get_path("scripts")) / "lakesink-python")
@@ -78,18 +78,19 @@ def main(trigger: int, batches: int, out: Path) -> int:
         if proc.returncode != 0:
             raise RuntimeError(f"{side} failed: {stderr[-3000:]}")
         results[side] = json.loads(stdout.strip().splitlines()[-1])
-    bytecode = bytecode_state()
-    report = _report(results, trigger, batches, time.time() - started, bytecode)
+    bytecode, date = bytecode_state(), time.strftime("%Y-%m-%d")
+    report = _report(results, trigger, batches, time.time() - started, bytecode, date)
     out.mkdir(parents=True, exist_ok=True)
     (out / "slow_trigger.json").write_text(json.dumps({"trigger_s": trigger, "batches": batches, "rows": ROWS, "bytecode": bytecode,
-                                                       "date": time.strftime("%Y-%m-%d"), "sides": results}, indent=1))
+                                                       "date": date, "sides": results}, indent=1))
     (out / "SLOW-TRIGGER.md").write_text(report)
     log(f"wrote {out / 'SLOW-TRIGGER.md'}")
     print(report)
     return 0
 
 
-def _report(results: dict[str, list[dict]], trigger: int, batches: int, seconds: float, bytecode: dict[str, str]) -> str:
+def _report(results: dict[str, list[dict]], trigger: int, batches: int, seconds: float, bytecode: dict[str, str],
+            date: str) -> str:
     floor = statistics.median(b["ms"] for b in results["null_stream"][1:]) / 1000
     floor_mean = statistics.fmean(b["ms"] for b in results["null_stream"][1:]) / 1000
     lines = [
@@ -98,7 +99,7 @@ def _report(results: dict[str, list[dict]], trigger: int, batches: int, seconds:
         f"batches from the `rate` source, one process each, started {trigger // len(SIDES)} s apart ({seconds / 60:.0f} min). "
         "Spark closes a Python worker idle for 60 s, so every batch after the first forks its workers anew. Batch time is "
         "Spark's `triggerExecution`; the first batch (a cold process) is apart. "
-        f"{time.strftime('%Y-%m-%d')}; bytecode the Python workers import: " + "; ".join(f"{k} {v}" for k, v in bytecode.items()) + ".\n",
+        f"{date}. {bytecode_sentence(bytecode)}\n",
         "Batches alternate between a fast and a slow kind on every side (the 60 s idle check falls on alternate sides of "
         "the trigger), so the median of so few can land in either group: read the mean beside it.\n",
         "| side | first batch (s) | later batches: median (s) | mean (s) | min-max (s) | median above null_stream (s) | mean above null_stream (s) |",
